@@ -1,0 +1,36 @@
+# Every target bootstraps .venv on first use. Torch is installed only when the venv lacks it,
+# so a GPU user's torch stays untouched; override the pin with `make test TORCH=torch==X`.
+PYTHON ?= python3
+TORCH ?= torch==2.13.0
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.oled-installed
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: demo test bench lint clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+$(STAMP): $(PY) pyproject.toml
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[serve,eval,dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m oled_hf.cli.main demo
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest
+
+bench: $(STAMP)
+	$(PY) eval/bench_generate.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) build *.egg-info

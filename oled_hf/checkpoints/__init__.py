@@ -1,0 +1,1 @@
+"""Builders for tiny, offline LLaDA2-style checkpoints (tokenizer, config, weights)."""

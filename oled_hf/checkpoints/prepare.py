@@ -1,0 +1,72 @@
+"""``oled-moe prepare SRC OUT``: make an official LLaDA2 checkpoint load as our classes.
+
+OUT gets a ``config.json`` naming our classes (every official field kept), the shim code files,
+a ``generation_config.json`` with block-diffusion defaults, and *symlinks* to SRC's weight shards
+and tokenizer files: a 16B checkpoint is never copied.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from ..modeling.auto_map import AUTO_MAP, write_code_shims
+from ..modeling.configuration_oled_llada2 import OledLLaDA2Config
+
+LINKED_PATTERNS = ("*.safetensors", "model.safetensors.index.json", "tokenizer*", "special_tokens_map.json",
+                   "chat_template.jinja", "vocab*", "merges.txt", "added_tokens.json")
+GENERATION_DEFAULTS = dict(block_length=32, threshold=0.95, steps=32, max_new_tokens=256, do_sample=False,
+                           eos_early_stop=True)
+
+
+def _read_source_config(src: Path) -> dict:
+    path = src / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{src} has no config.json: expected a LLaDA2 checkpoint folder")
+    config = json.loads(path.read_text())
+    if config.get("model_type") not in ("llada2_moe", OledLLaDA2Config.model_type):
+        raise ValueError(
+            f"{path} has model_type={config.get('model_type')!r}; prepare accepts 'llada2_moe' "
+            f"(official LLaDA2) or {OledLLaDA2Config.model_type!r}"
+        )
+    if not any(src.glob("*.safetensors")):
+        raise FileNotFoundError(f"{src} has no *.safetensors weight files")
+    return config
+
+
+def prepare_checkpoint(src: str | os.PathLike, out: str | os.PathLike) -> Path:
+    src, out = Path(src).resolve(), Path(out)
+    config = _read_source_config(src)
+    config.pop("auto_map", None)
+    # Validates every field and fills ours (mask id, etc.) with LLaDA2's defaults.
+    ours = OledLLaDA2Config.from_dict(config)
+    out.mkdir(parents=True, exist_ok=True)
+    serialised = ours.to_dict()
+    serialised["architectures"] = ["OledLLaDA2ForDiffusionLM"]
+    serialised["auto_map"] = dict(AUTO_MAP)
+    (out / "config.json").write_text(json.dumps(serialised, indent=2, sort_keys=True, default=str) + "\n")
+    write_code_shims(out)
+    linked = []
+    for pattern in LINKED_PATTERNS:
+        for file in sorted(src.glob(pattern)):
+            target = out / file.name
+            if target.is_symlink() or target.exists():
+                target.unlink()
+            target.symlink_to(file)
+            linked.append(file.name)
+    _write_generation_config(src, out, ours)
+    return out
+
+
+def _write_generation_config(src: Path, out: Path, config: OledLLaDA2Config) -> None:
+    values = dict(GENERATION_DEFAULTS)
+    official = src / "generation_config.json"
+    if official.is_file():
+        values.update({k: v for k, v in json.loads(official.read_text()).items() if k != "transformers_version"})
+    values.update(eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id,
+                  mask_token_id=config.mask_token_id)
+    target = out / "generation_config.json"
+    if target.is_symlink():
+        target.unlink()
+    target.write_text(json.dumps(values, indent=2, sort_keys=True) + "\n")

@@ -1,0 +1,149 @@
+"""A small, real byte-level BPE tokenizer with LLaDA2's special-token layout.
+
+Tiny test checkpoints need a tokenizer that behaves like the real one (same special tokens at the
+top of the vocab, same chat frame) without downloading anything, so we train one on a corpus the
+repo ships. Training is deterministic: the same ``vocab_size`` always yields a byte-identical
+``tokenizer.json``. The corpus supports vocab sizes up to roughly 5400.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
+
+CORPUS_PATH = Path(__file__).resolve().parent / "data" / "corpus.txt"
+
+MASK_TOKEN = "<|mask|>"
+ROLE_END_TOKEN = "<|role_end|>"
+EOS_TOKEN = "<|endoftext|>"
+BOS_TOKEN = "<|startoftext|>"
+ROLE_OPEN_TOKEN = "<role>"
+ROLE_CLOSE_TOKEN = "</role>"
+
+# Appended in this order after the BPE vocab, so they occupy ids V-6 .. V-1.
+SPECIAL_TOKENS: tuple[str, ...] = (
+    ROLE_CLOSE_TOKEN,
+    ROLE_OPEN_TOKEN,
+    BOS_TOKEN,
+    EOS_TOKEN,
+    ROLE_END_TOKEN,
+    MASK_TOKEN,
+)
+BYTE_ALPHABET_SIZE = 256
+MIN_MERGES = 64
+MIN_VOCAB_SIZE = BYTE_ALPHABET_SIZE + len(SPECIAL_TOKENS) + MIN_MERGES
+
+# LLaDA2's chat frame; a system turn is always emitted so prompts look like the real model's.
+CHAT_TEMPLATE = (
+    "{{- '<role>SYSTEM</role>' -}}"
+    "{%- if messages and messages[0]['role'] == 'system' -%}"
+    "{{- messages[0]['content'] + '\\n' -}}"
+    "{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}"
+    "{%- set loop_messages = messages -%}"
+    "{%- endif -%}"
+    "{{- 'detailed thinking off<|role_end|>' -}}"
+    "{%- for message in loop_messages -%}"
+    "{%- if message['role'] == 'user' -%}"
+    "{{- '<role>HUMAN</role>' + message['content'] + '<|role_end|>' -}}"
+    "{%- elif message['role'] == 'assistant' -%}"
+    "{{- '<role>ASSISTANT</role>' + message['content'] + '<|role_end|>' -}}"
+    "{%- else -%}"
+    "{{- raise_exception('Unsupported chat role: ' + message['role']) -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{{- '<role>ASSISTANT</role>' -}}"
+    "{%- endif -%}"
+)
+
+
+def special_token_ids(vocab_size: int) -> dict[str, int]:
+    """Ids of the special tokens for a vocab of ``vocab_size``; configs need them before any build."""
+    ids = {tok: vocab_size - len(SPECIAL_TOKENS) + i for i, tok in enumerate(SPECIAL_TOKENS)}
+    return {
+        "mask_token_id": ids[MASK_TOKEN],
+        "role_end_token_id": ids[ROLE_END_TOKEN],
+        "eos_token_id": ids[EOS_TOKEN],
+        "pad_token_id": ids[EOS_TOKEN],
+        "bos_token_id": ids[BOS_TOKEN],
+        "role_open_token_id": ids[ROLE_OPEN_TOKEN],
+        "role_close_token_id": ids[ROLE_CLOSE_TOKEN],
+    }
+
+
+def _check_vocab_size(vocab_size: int) -> None:
+    if vocab_size < MIN_VOCAB_SIZE:
+        raise ValueError(
+            f"vocab_size={vocab_size} is too small: need at least {MIN_VOCAB_SIZE} "
+            f"({BYTE_ALPHABET_SIZE} bytes + {len(SPECIAL_TOKENS)} special tokens + {MIN_MERGES} merges)"
+        )
+
+
+def train_bpe(vocab_size: int) -> Tokenizer:
+    """Train byte-level BPE to exactly ``vocab_size - 6`` entries and append the special tokens."""
+    _check_vocab_size(vocab_size)
+    bpe_size = vocab_size - len(SPECIAL_TOKENS)
+    tok = Tokenizer(models.BPE())
+    # add_prefix_space=False so decode(encode(text)) == text with no leading-space artefacts.
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=bpe_size,
+        min_frequency=0,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[],
+    )
+    tok.train_from_iterator([CORPUS_PATH.read_text(encoding="utf-8")], trainer=trainer)
+    if tok.get_vocab_size() != bpe_size:
+        raise ValueError(
+            f"vocab_size={vocab_size} is too large for the shipped corpus: BPE stopped at "
+            f"{tok.get_vocab_size()} entries, wanted {bpe_size}"
+        )
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    _assert_special_layout(tok, vocab_size)
+    return tok
+
+
+def _assert_special_layout(tok: Tokenizer, vocab_size: int) -> None:
+    """The model config hard-codes these ids, so a silent shift would be a nasty bug."""
+    assert tok.get_vocab_size() == vocab_size, (tok.get_vocab_size(), vocab_size)
+    for offset, token in enumerate(SPECIAL_TOKENS):
+        expected = vocab_size - len(SPECIAL_TOKENS) + offset
+        assert tok.token_to_id(token) == expected, (token, tok.token_to_id(token), expected)
+
+
+def build_tokenizer(out_dir: str | os.PathLike, vocab_size: int, *, seed: int = 0) -> PreTrainedTokenizerFast:
+    """Train, save to ``out_dir`` and reload through ``AutoTokenizer`` (the path users take).
+
+    ``seed`` is accepted for symmetry with the weight builders; BPE training has no randomness,
+    so it does not change the result.
+    """
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    del seed
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=train_bpe(vocab_size),
+        bos_token=BOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        pad_token=EOS_TOKEN,
+        mask_token=MASK_TOKEN,
+        # Registered so ``all_special_ids`` knows them; they are already special in tokenizer.json.
+        extra_special_tokens=[ROLE_CLOSE_TOKEN, ROLE_OPEN_TOKEN, ROLE_END_TOKEN],
+        # Cleanup would rewrite " ." to "." and break exact round trips.
+        clean_up_tokenization_spaces=False,
+        add_bos_token=False,
+        add_eos_token=False,
+    )
+    wrapped.chat_template = CHAT_TEMPLATE
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    wrapped.save_pretrained(str(out))
+    return AutoTokenizer.from_pretrained(str(out))

@@ -1,0 +1,1 @@
+"""The ``oled-moe`` command line."""

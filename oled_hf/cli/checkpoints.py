@@ -1,0 +1,42 @@
+"""``make-tiny`` and ``prepare``: checkpoints the project makes or adapts."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..checkpoints.presets import PRESETS
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("make-tiny", help="write a random-weight LLaDA2 checkpoint (official layout)")
+    p.add_argument("out", help="output folder")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    for field in ("hidden_size", "num_hidden_layers", "num_experts", "num_experts_per_tok", "n_group",
+                  "topk_group", "moe_intermediate_size", "intermediate_size", "vocab_size"):
+        p.add_argument(f"--{field.replace('_', '-')}", dest=field, type=int, default=None,
+                       help=f"override the preset's {field}")
+    p.set_defaults(func=make_tiny)
+
+    p = sub.add_parser("prepare", help="link an official LLaDA2 checkpoint so it loads as oled-hf classes")
+    p.add_argument("src", help="official checkpoint folder (model_type llada2_moe)")
+    p.add_argument("out", help="output folder (config, shims, symlinks to SRC's weights)")
+    p.set_defaults(func=prepare)
+
+
+def make_tiny(args: argparse.Namespace) -> int:
+    from ..checkpoints.factory import make_checkpoint
+
+    overrides = {k: v for k, v in vars(args).items() if k in PRESETS[args.preset] and v is not None}
+    out = make_checkpoint(args.out, preset=args.preset, seed=args.seed, dtype=args.dtype, **overrides)
+    print(f"wrote {args.preset} checkpoint to {out}")
+    return 0
+
+
+def prepare(args: argparse.Namespace) -> int:
+    from ..checkpoints.prepare import prepare_checkpoint
+
+    out = prepare_checkpoint(args.src, args.out)
+    print(f"prepared {out} (weights and tokenizer linked from {args.src})")
+    return 0

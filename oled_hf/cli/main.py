@@ -1,0 +1,43 @@
+"""``oled-moe``: one parser, one module per group of subcommands.
+
+Each module exposes ``register(subparsers)`` and sets ``func`` on its parsers, so adding a
+subcommand never touches the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from . import checkpoints, demo
+
+COMMAND_MODULES = [checkpoints, demo]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="oled-moe", description="Run LLaDA2 MoE diffusion LLMs with expert offloading."
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in COMMAND_MODULES:
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"oled-moe {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Block-diffusion decoding: the generation mixin, commit rules, streaming and iteration events."""

@@ -1,0 +1,5 @@
+"""DiffusionGenerationMixin (placeholder until the generation issue lands)."""
+
+
+class DiffusionGenerationMixin:
+    pass

@@ -1,0 +1,32 @@
+"""Shared fixtures: offline, deterministic, one tiny checkpoint per session."""
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+@pytest.fixture(scope="session")
+def tiny_path(tmp_path_factory):
+    from oled_hf.checkpoints.factory import make_checkpoint
+
+    return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny", preset="tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_path):
+    from oled_hf.modeling import OledLLaDA2ForDiffusionLM
+
+    return OledLLaDA2ForDiffusionLM.from_pretrained(tiny_path).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_path)
