@@ -7,6 +7,7 @@ and ``pipeline("text-generation")`` resolve ``oled_llada2`` checkpoints without 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from .modeling import OledLLaDA2Config, OledLLaDA2ForDiffusionLM, OledLLaDA2Model
+from .offload import OffloadConfig
 
 __version__ = "0.1.0"
 
@@ -14,4 +15,4 @@ AutoConfig.register(OledLLaDA2Config.model_type, OledLLaDA2Config, exist_ok=True
 AutoModel.register(OledLLaDA2Config, OledLLaDA2Model, exist_ok=True)
 AutoModelForCausalLM.register(OledLLaDA2Config, OledLLaDA2ForDiffusionLM, exist_ok=True)
 
-__all__ = ["OledLLaDA2Config", "OledLLaDA2ForDiffusionLM", "OledLLaDA2Model", "__version__"]
+__all__ = ["OffloadConfig", "OledLLaDA2Config", "OledLLaDA2ForDiffusionLM", "OledLLaDA2Model", "__version__"]

@@ -10,9 +10,9 @@ import argparse
 import os
 import sys
 
-from . import checkpoints, demo
+from . import benchmark, checkpoints, demo, trace
 
-COMMAND_MODULES = [checkpoints, demo]
+COMMAND_MODULES = [checkpoints, demo, trace, benchmark]
 
 
 def build_parser() -> argparse.ArgumentParser:

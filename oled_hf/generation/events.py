@@ -37,3 +37,9 @@ class IterationObserver:
 
     def on_block_end(self, block_index: int, token_ids: torch.Tensor) -> None:
         """The block is fully decoded (after its KV-refresh forward, if any)."""
+
+    def on_forward(self, kind: str, block_index: int, iteration: int) -> None:
+        """A model forward is about to run: ``prefill``, ``denoise`` or ``refresh`` (iteration -1 for prefill)."""
+
+    def on_generate_end(self) -> None:
+        """The ``generate`` call finished (trace recorders save here)."""

@@ -117,6 +117,7 @@ class DiffusionGenerationMixin:
         if streamer is not None:
             streamer.put(input_ids.cpu())
         result = decoder.run(prompts, input_ids, streamer)
+        decoder._notify("on_generate_end")
         if streamer is not None:
             streamer.end()
         return result if params.return_dict_in_generate else result.sequences

@@ -216,15 +216,15 @@ class OledLLaDA2Gate(nn.Module):
 
 
 class OledLLaDA2SparseMoeBlock(nn.Module):
-    def __init__(self, config: OledLLaDA2Config, layer_idx: int):
+    def __init__(self, config: OledLLaDA2Config, layer_idx: int, routed_experts: bool = True):
         super().__init__()
         self.config = config
         self.layer_idx = layer_idx
         self.moe_layer_idx = layer_idx - config.first_k_dense_replace
         self.gate = OledLLaDA2Gate(config)
-        self.experts = nn.ModuleList(
-            [OledLLaDA2MLP(config, config.moe_intermediate_size) for _ in range(config.num_experts)]
-        )
+        # Without routed experts (offloaded), their checkpoint tensors are never materialised here.
+        num_modules = config.num_experts if routed_experts else 0
+        self.experts = nn.ModuleList([OledLLaDA2MLP(config, config.moe_intermediate_size) for _ in range(num_modules)])
         self.shared_experts = None
         if config.num_shared_experts:
             self.shared_experts = OledLLaDA2MLP(config, config.moe_intermediate_size * config.num_shared_experts)
@@ -241,11 +241,11 @@ class OledLLaDA2SparseMoeBlock(nn.Module):
 
 
 class OledLLaDA2DecoderLayer(nn.Module):
-    def __init__(self, config: OledLLaDA2Config, layer_idx: int):
+    def __init__(self, config: OledLLaDA2Config, layer_idx: int, routed_experts: bool = True):
         super().__init__()
         self.attention = OledLLaDA2Attention(config, layer_idx)
         if config.is_moe_layer(layer_idx):
-            self.mlp = OledLLaDA2SparseMoeBlock(config, layer_idx)
+            self.mlp = OledLLaDA2SparseMoeBlock(config, layer_idx, routed_experts)
         else:
             self.mlp = OledLLaDA2MLP(config, config.intermediate_size)
         self.input_layernorm = OledLLaDA2RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
@@ -283,6 +283,8 @@ class OledLLaDA2PreTrainedModel(PreTrainedModel):
     _skip_keys_device_placement = ["past_key_values"]
     _supports_sdpa = True
     _keep_in_fp32_modules_strict = [r"mlp\.gate\.expert_bias"]
+    # Offloaded models have no routed-expert modules: those tensors go to the ExpertStore instead.
+    _keys_to_ignore_on_load_unexpected = [r"\.mlp\.experts\.\d+\.(gate|up|down)_proj\.weight$"]
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
@@ -296,6 +298,11 @@ class OledLLaDA2PreTrainedModel(PreTrainedModel):
         A model loaded through ``trust_remote_code`` has ``_auto_class`` set, which would make the
         base class copy the package's source files and rewrite only one ``auto_map`` entry.
         """
+        extra = self.extra_state_for_save() if hasattr(self, "extra_state_for_save") else {}
+        if extra:
+            state_dict = dict(kwargs.pop("state_dict", None) or self.state_dict())
+            state_dict.update({name: tensor.clone() for name, tensor in extra.items()})
+            kwargs["state_dict"] = state_dict
         model_cls, config_cls = type(self), type(self.config)
         saved = model_cls._auto_class, config_cls._auto_class
         model_cls._auto_class = config_cls._auto_class = None
@@ -318,10 +325,12 @@ class OledLLaDA2PreTrainedModel(PreTrainedModel):
 
 
 class OledLLaDA2Model(OledLLaDA2PreTrainedModel):
-    def __init__(self, config: OledLLaDA2Config):
+    def __init__(self, config: OledLLaDA2Config, routed_experts: bool = True):
         super().__init__(config)
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList([OledLLaDA2DecoderLayer(config, i) for i in range(config.num_hidden_layers)])
+        self.layers = nn.ModuleList(
+            [OledLLaDA2DecoderLayer(config, i, routed_experts) for i in range(config.num_hidden_layers)]
+        )
         self.norm = OledLLaDA2RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_init()
 
@@ -386,13 +395,65 @@ class OledLLaDA2Model(OledLLaDA2PreTrainedModel):
 
 
 class OledLLaDA2ForDiffusionLM(OledLLaDA2PreTrainedModel, DiffusionGenerationMixin):
-    """LLaDA2 with its untied LM head and block-diffusion ``generate``."""
+    """LLaDA2 with its untied LM head and block-diffusion ``generate``.
 
-    def __init__(self, config: OledLLaDA2Config, **kwargs):
+    ``from_pretrained(path, offload_config=oled_hf.OffloadConfig(...))`` builds the model without
+    routed-expert modules and lets the offload config attach its runtime after loading; the model
+    itself only calls ``offload_config.attach(...)`` and never imports the runtime.
+    """
+
+    def __init__(self, config: OledLLaDA2Config, offload_config=None, **kwargs):
         super().__init__(config)
-        self.model = OledLLaDA2Model(config)
+        if offload_config is not None and not hasattr(offload_config, "attach"):
+            raise ValueError(
+                f"offload_config must be an oled_hf.OffloadConfig, got {type(offload_config).__name__}"
+            )
+        self._pending_offload = offload_config
+        self._offload_runtime = None
+        self.model = OledLLaDA2Model(config, routed_experts=offload_config is None)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        model = super().from_pretrained(*args, **kwargs)
+        offload = model.__dict__.pop("_pending_offload", None)
+        if offload is not None:
+            files = model.__dict__.pop("_checkpoint_files", None)
+            if not files:
+                raise ValueError("offloading needs a safetensors checkpoint; no weight files were found")
+            model._offload_runtime = offload.attach(model, files, model.__dict__.pop("_load_dtype", None))
+        return model
+
+    @staticmethod
+    def _load_pretrained_model(model, state_dict, checkpoint_files, load_config, expected_keys=None):
+        # Remember where the weights are: an offload runtime reads the routed experts from them.
+        model._checkpoint_files = list(checkpoint_files or [])
+        model._load_dtype = getattr(load_config, "dtype", None)
+        return PreTrainedModel._load_pretrained_model(model, state_dict, checkpoint_files, load_config, expected_keys)
+
+    @property
+    def is_offloaded(self) -> bool:
+        return getattr(self, "_offload_runtime", None) is not None
+
+    def offload_stats(self) -> dict | None:
+        """Per-layer and total cache statistics; None when the model is fully resident."""
+        return self._offload_runtime.stats() if self.is_offloaded else None
+
+    def reset_offload_stats(self) -> None:
+        if self.is_offloaded:
+            self._offload_runtime.reset_stats()
+
+    def extra_state_for_save(self) -> dict[str, torch.Tensor]:
+        """Routed experts that live outside the modules (offloaded), under their official names."""
+        return self._offload_runtime.store.state_dict() if self.is_offloaded else {}
+
+    def num_parameters(self, *args, **kwargs) -> int:
+        extra = 0
+        if self.is_offloaded:
+            store = self._offload_runtime.store
+            extra = len(store.layer_ids) * store.num_experts * store.numel
+        return super().num_parameters(*args, **kwargs) + extra
 
     def get_input_embeddings(self):
         return self.model.word_embeddings

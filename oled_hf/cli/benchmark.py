@@ -1,0 +1,164 @@
+"""``oled-moe benchmark``: TPOT and cache behaviour per policy, next to full residency, in one run.
+
+Flags follow the reference tool (``--model --device --gen-length --block-length --cache-size
+--warmup-runs --runs --profile --report-dir``) plus ``--policy`` (several) and ``--json``.
+Every configuration decodes the same prompts; tokens are checked against the resident run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..offload.config import KNOWN_POLICIES
+
+DEFAULT_PROMPTS = ["Tell me a story about a ship that sails across the sea.",
+                   "What is 123+456? Explain each step.",
+                   "List five things you can find in a kitchen and what they are for."]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("benchmark", help="TPOT, hit rate, bytes copied per policy vs full residency")
+    p.add_argument("--model", required=True)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default=None, help="load dtype (default: the checkpoint's)")
+    p.add_argument("--gen-length", type=int, default=128)
+    p.add_argument("--block-length", type=int, default=32)
+    p.add_argument("--threshold", type=float, default=None)
+    p.add_argument("--cache-size", type=int, nargs="+", default=None, help="slots per MoE layer (several allowed)")
+    p.add_argument("--cache-ratio", type=float, default=None, help="fraction of routed-expert bytes instead")
+    p.add_argument("--policy", nargs="+", default=["oled", "lru"], choices=KNOWN_POLICIES)
+    p.add_argument("--cpu-compute", choices=["auto", "off"], default="auto")
+    p.add_argument("--warmup-runs", type=int, default=1)
+    p.add_argument("--runs", type=int, default=2)
+    p.add_argument("--prompt", action="append", help="prompt (repeatable)")
+    p.add_argument("--profile", action="store_true", help="synchronise the device around timed sections")
+    p.add_argument("--report-dir", default=None, help="write report.json and per-layer stats here")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=benchmark)
+
+
+@dataclass
+class Row:
+    config: str
+    tpot_ms: float
+    tokens_per_forward: float
+    hit_rate: float | None = None
+    bytes_per_token: float | None = None
+    cpu_share: float | None = None
+    policy_ms_per_forward: float | None = None
+    ratio_to_full: float = 1.0
+    same_tokens: bool = True
+
+
+def encode_prompts(tok, prompts: list[str]):
+    return [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                    return_tensors="pt", return_dict=True) for p in prompts]
+
+
+def timed_generation(model, inputs, args, runs: int, warmup: int):
+    """Generate every prompt ``warmup + runs`` times; return (outputs, seconds per token, tokens/forward)."""
+    import torch
+
+    gen = dict(max_new_tokens=args.gen_length, block_length=args.block_length, return_dict_in_generate=True)
+    if args.threshold is not None:
+        gen["threshold"] = args.threshold
+    sync = (lambda: torch.cuda.synchronize()) if model.device.type == "cuda" else (lambda: None)
+    for _ in range(warmup):
+        for ids in inputs:
+            model.generate(**ids.to(model.device), **gen)
+    if hasattr(model, "reset_offload_stats"):
+        model.reset_offload_stats()
+    seconds, tokens, iterations, outputs = 0.0, 0, 0, []
+    for _ in range(runs):
+        outputs = []
+        for ids in inputs:
+            sync()
+            start = time.perf_counter()
+            out = model.generate(**ids.to(model.device), **gen)
+            sync()
+            seconds += time.perf_counter() - start
+            new = out.sequences.shape[1] - ids["input_ids"].shape[1]
+            tokens += new
+            iterations += int(out.iterations.sum())
+            outputs.append(out.sequences.cpu())
+    return outputs, seconds / max(tokens, 1), tokens / max(iterations, 1)
+
+
+def offload_row(name: str, model, outputs, reference, tpot: float, tpf: float, full_tpot: float, tokens: int) -> Row:
+    import torch
+
+    stats = model.offload_stats()
+    total = stats["total"]
+    expert_tokens = sum(int(x) for x in model._offload_runtime.controller.stats.gpu_expert_tokens)
+    expert_tokens += total["cpu_expert_tokens"]
+    return Row(
+        config=name, tpot_ms=tpot * 1e3, tokens_per_forward=tpf, hit_rate=total["hit_rate"],
+        bytes_per_token=total["bytes_copied"] / max(tokens, 1),
+        cpu_share=total["cpu_expert_tokens"] / max(expert_tokens, 1),
+        policy_ms_per_forward=1e3 * total["policy_seconds"] / max(total["forwards"], 1),
+        ratio_to_full=tpot / full_tpot,
+        same_tokens=all(torch.equal(a, b) for a, b in zip(outputs, reference)),
+    )
+
+
+def benchmark(args: argparse.Namespace) -> int:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import oled_hf  # noqa: F401
+
+    from ..offload.config import OffloadConfig
+
+    if args.cache_size is None and args.cache_ratio is None:
+        raise ValueError("give --cache-size N [N ...] (slots per MoE layer) or --cache-ratio R")
+    load = dict(device_map=args.device)
+    if args.dtype:
+        load["dtype"] = getattr(torch, args.dtype)
+    tok = AutoTokenizer.from_pretrained(args.model)
+    inputs = encode_prompts(tok, args.prompt or DEFAULT_PROMPTS)
+    resident = AutoModelForCausalLM.from_pretrained(args.model, **load).eval()
+    reference, full_tpot, full_tpf = timed_generation(resident, inputs, args, args.runs, args.warmup_runs)
+    del resident
+    tokens = sum(o.shape[1] - i["input_ids"].shape[1] for o, i in zip(reference, inputs)) * args.runs
+    rows = [Row("full residency", full_tpot * 1e3, full_tpf)]
+    budgets = [("cache_size", c) for c in args.cache_size] if args.cache_size else [("cache_ratio", args.cache_ratio)]
+    details = {}
+    for key, value in budgets:
+        for policy in args.policy:
+            config = OffloadConfig(**{key: value}, policy=policy, cpu_compute=args.cpu_compute)
+            model = AutoModelForCausalLM.from_pretrained(args.model, offload_config=config, **load).eval()
+            model._offload_runtime.profile = args.profile
+            outputs, tpot, tpf = timed_generation(model, inputs, args, args.runs, args.warmup_runs)
+            name = f"{policy} @ {key.replace('_', ' ')} {value}"
+            rows.append(offload_row(name, model, outputs, reference, tpot, tpf, full_tpot, tokens))
+            details[name] = model.offload_stats()
+            del model
+    report = {"model": args.model, "device": args.device, "gen_length": args.gen_length,
+              "block_length": args.block_length, "runs": args.runs, "rows": [asdict(r) for r in rows]}
+    if args.report_dir:
+        out = Path(args.report_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "report.json").write_text(json.dumps({**report, "offload_stats": details}, indent=2, default=str))
+    print(json.dumps(report, indent=2) if args.json else format_rows(rows))
+    return 0 if all(r.same_tokens for r in rows) else 1
+
+
+def format_rows(rows: list[Row]) -> str:
+    head = ["config", "TPOT ms", "tok/fwd", "hit rate", "bytes/token", "CPU share", "policy ms/fwd", "x full",
+            "same tokens"]
+
+    def fmt(v, spec):
+        return "-" if v is None else format(v, spec)
+
+    table = [head] + [[r.config, fmt(r.tpot_ms, ".2f"), fmt(r.tokens_per_forward, ".2f"), fmt(r.hit_rate, ".3f"),
+                       fmt(r.bytes_per_token, ",.0f"), fmt(r.cpu_share, ".3f"), fmt(r.policy_ms_per_forward, ".3f"),
+                       f"{r.ratio_to_full:.2f}", "yes" if r.same_tokens else "NO"] for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+             for row in table]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

@@ -1,0 +1,119 @@
+"""``trace record`` and ``trace replay``: routing traces from real runs, replayed without the model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ..offload.config import KNOWN_POLICIES
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("trace", help="record routing traces and replay them through cache policies")
+    tsub = p.add_subparsers(dest="trace_command", metavar="{record,replay}")
+    r = tsub.add_parser("record", help="generate from prompts and record per-iteration routing")
+    r.add_argument("--model", required=True)
+    r.add_argument("--prompts", required=True, help="text file (one prompt a line) or JSONL with 'prompt'/'question'")
+    r.add_argument("--out", required=True, help="trace file to write")
+    r.add_argument("--device", default="cpu")
+    r.add_argument("--block-length", type=int, default=None)
+    r.add_argument("--max-new-tokens", type=int, default=None)
+    r.add_argument("--threshold", type=float, default=None)
+    r.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    r.add_argument("--raw", action="store_true", help="do not wrap prompts in the chat template")
+    r.set_defaults(func=record)
+    q = tsub.add_parser("replay", help="replay a trace through policies, next to full residency and Belady")
+    q.add_argument("trace")
+    q.add_argument("--cache-size", type=int, nargs="+", required=True, help="expert slots per MoE layer")
+    q.add_argument("--policy", nargs="+", default=list(KNOWN_POLICIES), choices=KNOWN_POLICIES)
+    q.add_argument("--no-layer-adaptive", action="store_true")
+    q.add_argument("--cpu-compute", choices=["auto", "off"], default="auto")
+    q.add_argument("--cost-model", choices=["h200-pcie5", "recorded"], default="h200-pcie5",
+                   help="simulated hardware: the H200 + PCIe 5.0 preset, or the model calibrated when recording")
+    q.add_argument("--h2d-gbps", type=float, default=None, help="host-to-device bandwidth (GB/s)")
+    q.add_argument("--cpu-gbps", type=float, default=None, help="CPU memory bandwidth for expert weights (GB/s)")
+    q.add_argument("--gpu-us-per-token", type=float, default=None)
+    q.add_argument("--cpu-us-per-token", type=float, default=None)
+    q.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    q.set_defaults(func=replay_cmd)
+    p.set_defaults(func=lambda args: p.print_help() or 2)
+
+
+def read_prompts(path: str) -> list[str]:
+    text = Path(path).read_text().splitlines()
+    prompts = []
+    for line in text:
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith("{"):
+            row = json.loads(line)
+            line = row.get("prompt") or row.get("question") or row.get("text")
+            if line is None:
+                raise ValueError(f"{path}: JSON line without 'prompt', 'question' or 'text': {row}")
+        prompts.append(line)
+    if not prompts:
+        raise ValueError(f"{path} holds no prompts")
+    return prompts
+
+
+def record(args: argparse.Namespace) -> int:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import oled_hf  # noqa: F401
+
+    from ..sim.recorder import TraceRecorder
+
+    prompts = read_prompts(args.prompts)[: args.limit]
+    model = AutoModelForCausalLM.from_pretrained(args.model, device_map=args.device).eval()
+    tok = AutoTokenizer.from_pretrained(args.model)
+    gen = {k: v for k, v in dict(block_length=args.block_length, max_new_tokens=args.max_new_tokens,
+                                  threshold=args.threshold).items() if v is not None}
+    recorder = TraceRecorder(model, decoding=gen)
+    recorder.writer.header["block_length"] = gen.get("block_length", recorder.writer.header["block_length"])
+    new_tokens = 0
+    for i, prompt in enumerate(prompts):
+        recorder.begin_sequence(i)
+        if args.raw:
+            ids = tok(prompt, return_tensors="pt")
+        else:
+            ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                          return_tensors="pt", return_dict=True)
+        with torch.no_grad():
+            out = model.generate(**ids.to(model.device), **gen)
+        new_tokens += out.shape[1] - ids["input_ids"].shape[1]
+    path = recorder.save(args.out)
+    trace = recorder.writer.trace()
+    print(f"recorded {len(prompts)} prompts, {trace.num_forwards} forwards, {trace.routing_entries} expert "
+          f"accesses, {new_tokens} new tokens -> {path}")
+    return 0
+
+
+def replay_cmd(args: argparse.Namespace) -> int:
+    from ..offload.costmodel import CostModel
+    from ..sim.replay import compare, default_cost_model, format_table
+    from ..sim.trace import load_trace
+
+    trace = load_trace(args.trace)
+    if args.cost_model == "recorded":
+        if "cost_model" not in trace.header:
+            raise ValueError(f"{args.trace} has no recorded cost model (record it from an offloaded run)")
+        cost = CostModel(**trace.header["cost_model"])
+    else:
+        cost = default_cost_model(trace)
+    cost = cost.with_overrides(h2d_gbps=args.h2d_gbps, cpu_gbps=args.cpu_gbps,
+                               gpu_us_per_token=args.gpu_us_per_token, cpu_us_per_token=args.cpu_us_per_token)
+    too_big = [c for c in args.cache_size if not 1 <= c <= trace.num_experts]
+    if too_big:
+        raise ValueError(f"--cache-size {too_big[0]} is invalid: must be between 1 and num_experts={trace.num_experts}")
+    results = compare(trace, args.policy, args.cache_size, layer_adaptive=not args.no_layer_adaptive,
+                      cpu_compute=args.cpu_compute, cost_model=cost)
+    if args.json:
+        print(json.dumps([r.to_dict() for r in results], indent=2))
+    else:
+        print(f"trace {args.trace}: {trace.num_forwards} forwards, {trace.routing_entries} expert accesses, "
+              f"{trace.num_layers} MoE layers x {trace.num_experts} experts")
+        print(format_table(results))
+    return 0

@@ -1,0 +1,74 @@
+"""ExpertCache: the device slot pool, allocated once, and the copies that fill it.
+
+``total_slots`` rows of ``3*I*H`` elements on the model's device: the device never holds more
+routed-expert bytes than that. Which expert sits in which slot is the planner's business
+(``CacheState``); this class only moves bytes. On CUDA, copies run on a side stream from pinned
+memory and each slot carries an event, so compute waits for exactly the copy it needs while
+other copies and compute overlap; on the CPU the same calls copy synchronously.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .store import ExpertStore, split_expert
+
+
+class ExpertCache:
+    def __init__(self, store: ExpertStore, total_slots: int, device: torch.device):
+        self.store = store
+        self.device = torch.device(device)
+        self.total_slots = total_slots
+        self.pool = torch.empty((total_slots, store.numel), dtype=store.dtype, device=self.device)
+        self.cuda = self.device.type == "cuda"
+        self.copy_stream = torch.cuda.Stream(device=self.device) if self.cuda else None
+        self.ready: dict[int, torch.cuda.Event] = {}  # slot -> its copy has landed
+        self.in_use: dict[int, torch.cuda.Event] = {}  # slot -> compute reading it has finished
+        self.copy_seconds = 0.0
+        self.bytes_copied = 0
+
+    @property
+    def pool_bytes(self) -> int:
+        return self.pool.numel() * self.pool.element_size()
+
+    def load(self, slot: int, layer: int, expert: int) -> None:
+        """Copy an expert from the store into ``slot``; asynchronous on CUDA."""
+        start = time.perf_counter()
+        dst = self.pool[slot]
+        if self.cuda:
+            # Compute queued earlier may still read this slot's previous expert: wait for it only.
+            if slot in self.in_use:
+                self.copy_stream.wait_event(self.in_use.pop(slot))
+            with torch.cuda.stream(self.copy_stream):
+                self._copy(dst, layer, expert, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(self.copy_stream)
+            self.ready[slot] = event
+        else:
+            self._copy(dst, layer, expert, non_blocking=False)
+        self.copy_seconds += time.perf_counter() - start
+        self.bytes_copied += self.store.expert_bytes
+
+    def _copy(self, dst: torch.Tensor, layer: int, expert: int, non_blocking: bool) -> None:
+        row = self.store.flat(layer, expert)
+        if row is not None:
+            dst.copy_(row, non_blocking=non_blocking)
+            return
+        n = self.store.hidden * self.store.inter
+        for p, part in enumerate(self.store.weights(layer, expert)):
+            dst[p * n : (p + 1) * n].copy_(part.reshape(-1), non_blocking=non_blocking)
+
+    def mark_used(self, slot: int) -> None:
+        """Record that compute reading ``slot`` has been queued (a later copy into it waits for it)."""
+        if self.cuda:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(self.device))
+            self.in_use[slot] = event
+
+    def weights(self, slot: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Views of a slot's (gate, up, down); on CUDA the current stream first waits for its copy."""
+        if self.cuda and slot in self.ready:
+            torch.cuda.current_stream(self.device).wait_event(self.ready.pop(slot))
+        return split_expert(self.pool[slot], self.store.hidden, self.store.inter)

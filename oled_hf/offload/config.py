@@ -1,0 +1,175 @@
+"""OffloadConfig: every user-facing knob of expert offloading, validated on construction.
+
+The config is a plain dataclass that round-trips through JSON. It is never written into a model's
+``config.json``: offloading is a property of one loaded instance, not of the checkpoint. Checks that
+need the model's shape (``cache_size`` against the number of experts) live in :meth:`resolve_slots`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+from numbers import Integral, Real
+from typing import Any
+
+KNOWN_POLICIES = ("lfu", "lru", "oled", "static", "tide")
+CPU_COMPUTE_MODES = ("auto", "off")
+STORE_MODES = ("auto", "mmap", "pinned")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(float(value))
+
+
+@dataclass
+class OffloadConfig:
+    """How experts are offloaded. Give exactly one of ``cache_size`` or ``cache_ratio``.
+
+    ``cache_size`` counts expert slots per MoE layer on average (the paper's unit: 40 or 100 of 256
+    for LLaDA2.0-mini); ``cache_ratio`` is the fraction of all routed-expert bytes kept on the GPU.
+    Cost-model overrides replace the values measured at load (``calibrate``) or the preset.
+    """
+
+    cache_size: int | None = None
+    cache_ratio: float | None = None
+    policy: str = "oled"
+    layer_adaptive: bool = True
+    cpu_compute: str = "auto"
+    store: str = "auto"
+    calibrate: bool = True
+    # cost-model overrides (None = measured at load, or the preset)
+    h2d_bandwidth_gbps: float | None = None
+    cpu_bandwidth_gbps: float | None = None
+    cpu_expert_ms_per_token: float | None = None
+    gpu_expert_ms_per_token: float | None = None
+    gpu_expert_fixed_ms: float | None = None
+    # policy knobs
+    tide_interval: int = 4
+    static_warmup_iterations: int = 8
+    oled_confidence_threshold: float = 0.9
+    oled_decay: float = 0.5
+    oled_block_decay: float = 0.25
+    oled_min_stability: float = 0.05
+    oled_gate_power: float = 0.5
+    # layer-adaptive allocation knobs
+    rebalance_damping: float = 0.5
+    min_slots_per_layer: int = 1
+    record_trace: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.cache_size is None) == (self.cache_ratio is None):
+            got = "neither" if self.cache_size is None else (
+                f"both (cache_size={self.cache_size!r}, cache_ratio={self.cache_ratio!r})"
+            )
+            raise ValueError(
+                "OffloadConfig needs exactly one of cache_size (expert slots per MoE layer, integer >= 1) "
+                f"or cache_ratio (fraction of routed-expert bytes in (0, 1]); got {got}"
+            )
+        if self.cache_size is not None and (not _is_int(self.cache_size) or self.cache_size < 1):
+            raise ValueError(
+                f"cache_size={self.cache_size!r} is invalid: must be an integer >= 1 "
+                "(expert slots per MoE layer)"
+            )
+        if self.cache_ratio is not None and (
+            not _is_real(self.cache_ratio) or not 0.0 < float(self.cache_ratio) <= 1.0
+        ):
+            raise ValueError(
+                f"cache_ratio={self.cache_ratio!r} is invalid: must be a number in (0, 1] "
+                "(fraction of routed-expert bytes kept on the GPU)"
+            )
+        self._check_choice("policy", KNOWN_POLICIES, "known policies")
+        self._check_choice("cpu_compute", CPU_COMPUTE_MODES, "allowed")
+        self._check_choice("store", STORE_MODES, "allowed")
+        for name in ("layer_adaptive", "calibrate"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r} is invalid: must be True or False")
+        for name in ("h2d_bandwidth_gbps", "cpu_bandwidth_gbps", "cpu_expert_ms_per_token",
+                     "gpu_expert_ms_per_token", "gpu_expert_fixed_ms"):
+            value = getattr(self, name)
+            if value is not None and (not _is_real(value) or float(value) <= 0.0):
+                raise ValueError(f"{name}={value!r} is invalid: must be a number > 0, or None to measure it")
+        for name in ("tide_interval", "static_warmup_iterations", "min_slots_per_layer"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise ValueError(f"{name}={value!r} is invalid: must be an integer >= 1")
+        self._check_unit("oled_confidence_threshold", low_open=True)
+        self._check_unit("oled_decay", low_open=False)
+        self._check_unit("oled_block_decay", low_open=False)
+        self._check_unit("oled_min_stability", low_open=True)
+        self._check_unit("rebalance_damping", low_open=True)
+        if not _is_real(self.oled_gate_power) or not 0.0 <= float(self.oled_gate_power) <= 4.0:
+            raise ValueError(f"oled_gate_power={self.oled_gate_power!r} is invalid: must be a number in [0, 4]")
+        if self.record_trace is not None and (not isinstance(self.record_trace, str) or not self.record_trace):
+            raise ValueError(f"record_trace={self.record_trace!r} is invalid: must be a file path or None")
+
+    def _check_choice(self, name: str, allowed: tuple[str, ...], label: str) -> None:
+        value = getattr(self, name)
+        if value not in allowed:
+            raise ValueError(f"{name}={value!r} is unknown; {label}: {', '.join(allowed)}")
+
+    def _check_unit(self, name: str, *, low_open: bool) -> None:
+        value = getattr(self, name)
+        ok = _is_real(value) and (0.0 < float(value) if low_open else 0.0 <= float(value)) and float(value) <= 1.0
+        if not ok:
+            interval = "(0, 1]" if low_open else "[0, 1]"
+            raise ValueError(f"{name}={value!r} is invalid: must be a number in {interval}")
+
+    # ------------------------------------------------------------------ model-dependent checks
+    def resolve_slots(self, num_moe_layers: int, num_experts: int) -> int:
+        """Total GPU expert slots for a model with this many MoE layers and routed experts each.
+
+        Raises when the budget cannot be met: more slots per layer than experts, or a ratio so
+        small that some layer would get fewer than ``min_slots_per_layer`` slots.
+        """
+        if num_moe_layers < 1 or num_experts < 1:
+            raise ValueError(
+                f"model has num_moe_layers={num_moe_layers}, num_experts={num_experts}: nothing to offload"
+            )
+        if self.min_slots_per_layer > num_experts:
+            raise ValueError(
+                f"min_slots_per_layer={self.min_slots_per_layer} exceeds num_experts={num_experts} per layer"
+            )
+        total_experts = num_moe_layers * num_experts
+        if self.cache_size is not None:
+            if self.cache_size > num_experts:
+                raise ValueError(
+                    f"cache_size={self.cache_size} exceeds num_experts={num_experts}: a MoE layer has only "
+                    f"{num_experts} routed experts, so at most {num_experts} slots per layer are useful"
+                )
+            return int(self.cache_size) * num_moe_layers
+        slots = int(round(float(self.cache_ratio) * total_experts))
+        return max(num_moe_layers * self.min_slots_per_layer, min(slots, total_experts))
+
+    # ------------------------------------------------------------------ serialisation
+    def attach(self, model: Any, checkpoint_files: list[str], dtype: Any = None) -> Any:
+        """Install the offload runtime on a model loaded without routed experts (from_pretrained calls this)."""
+        from .runtime import attach_offload
+
+        return attach_offload(model, self, checkpoint_files, dtype)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> OffloadConfig:
+        if not isinstance(data, dict):
+            raise ValueError(f"OffloadConfig.from_dict expects a dict, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown OffloadConfig field(s): {', '.join(unknown)}; known fields: {', '.join(sorted(known))}"
+            )
+        return cls(**data)
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    @classmethod
+    def from_json(cls, text: str) -> OffloadConfig:
+        return cls.from_dict(json.loads(text))

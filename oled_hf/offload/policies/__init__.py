@@ -1,0 +1,19 @@
+"""Expert-cache policies: one interface (``base.CachePolicy``), one short file per policy."""
+
+from .base import CachePolicy, available_policies, make_policy
+from .lfu import LFUPolicy
+from .lru import LRUPolicy
+from .oled import OledPolicy
+from .static import StaticPolicy
+from .tide import TidePolicy
+
+__all__ = [
+    "CachePolicy",
+    "LFUPolicy",
+    "LRUPolicy",
+    "OledPolicy",
+    "StaticPolicy",
+    "TidePolicy",
+    "available_policies",
+    "make_policy",
+]

@@ -1,0 +1,152 @@
+"""OffloadRuntime: wires store, cache, controller and executors into a loaded model.
+
+``attach_offload(model, config, checkpoint_files)`` is called by the model's ``from_pretrained``
+when an ``offload_config`` was passed. The model was built without routed-expert modules, so its
+non-expert weights loaded the normal Transformers way; here the experts go from the safetensors
+files into the ExpertStore, the device slot pool is allocated once, and every MoE block gets an
+offloaded executor. The runtime listens to the decoder's iteration events and forwards them to
+the controller (policy, allocator) and, when asked, to a trace recorder.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from ..generation.events import IterationObserver
+from ..modeling.experts import swiglu_expert
+from .cache import ExpertCache
+from .config import OffloadConfig
+from .controller import CacheController
+from .costmodel import CostModel
+from .executor import OffloadedExpertsExecutor, make_cpu_pool
+from .store import ExpertStore
+
+TIMERS = ("policy", "copy", "gpu", "cpu", "cpu_wait")
+
+
+class OffloadRuntime(IterationObserver):
+    def __init__(self, model, config: OffloadConfig, store: ExpertStore, device: torch.device):
+        cfg = model.config
+        self.config = config
+        self.store = store
+        self.num_layers, self.num_experts = cfg.num_moe_layers, cfg.num_experts
+        self.total_slots = config.resolve_slots(self.num_layers, self.num_experts)
+        self.cache = ExpertCache(store, self.total_slots, device)
+        self.cost_model = self._cost_model(cfg)
+        self.controller = CacheController(config, self.num_layers, self.num_experts, self.cost_model)
+        self.cpu_pool = make_cpu_pool() if self.cache.cuda else None
+        self.profile = False
+        self.timing = {name: np.zeros(self.num_layers) for name in TIMERS}
+        self.forwards = 0
+        for i, block in enumerate(model.moe_blocks()):
+            block.experts_executor = OffloadedExpertsExecutor(self, i)
+        model.model.register_forward_pre_hook(self._begin_forward)
+        model.add_iteration_observer(self)
+        self.recorder = None
+        if config.record_trace:
+            from ..sim.recorder import TraceRecorder
+
+            self.recorder = TraceRecorder(model, config.record_trace, cost_model=self.cost_model)
+
+    # ---- cost model ---------------------------------------------------------------------
+    def _cost_model(self, cfg) -> CostModel:
+        dtype_bytes = torch.empty((), dtype=self.store.dtype).element_size()
+        preset = CostModel.h200_pcie5(cfg.hidden_size, cfg.moe_intermediate_size, dtype_bytes)
+        if self.config.calibrate:
+            preset = calibrate(self.store, self.cache, preset)
+        return preset.with_config(self.config)
+
+    # ---- observer hooks ------------------------------------------------------------------
+    def _begin_forward(self, module, args):
+        self.forwards += 1
+        self.controller.begin_forward()
+
+    def on_block_start(self, block_index, token_ids):
+        self.controller.on_block_start(block_index, token_ids)
+
+    def on_iteration(self, event):
+        t = time.perf_counter()
+        self.controller.on_iteration(event)
+        self.timing["policy"][0] += time.perf_counter() - t
+
+    def on_block_end(self, block_index, token_ids):
+        t = time.perf_counter()
+        self.controller.on_block_end(block_index, token_ids)
+        self.timing["policy"][0] += time.perf_counter() - t
+
+    # ---- stats ---------------------------------------------------------------------------
+    def stats(self) -> dict:
+        st = self.controller.stats
+        per_layer = []
+        for layer in range(self.num_layers):
+            hits, misses = int(st.hits[layer]), int(st.misses[layer])
+            per_layer.append({
+                "layer": layer, "capacity": int(self.controller.capacities[layer]), "hits": hits, "misses": misses,
+                "hit_rate": hits / (hits + misses) if hits + misses else 0.0,
+                "evictions": int(st.evictions[layer]), "bytes_copied": int(st.bytes_copied[layer]),
+                "cpu_expert_tokens": int(st.cpu_expert_tokens[layer]),
+                **{f"{name}_seconds": float(self.timing[name][layer]) for name in TIMERS},
+            })
+        total = {key: sum(row[key] for row in per_layer) for key in per_layer[0] if key not in ("layer", "hit_rate")}
+        lookups = total["hits"] + total["misses"]
+        total["hit_rate"] = total["hits"] / lookups if lookups else 0.0
+        total["forwards"] = self.forwards
+        return {
+            "policy": self.config.policy, "total_slots": self.total_slots,
+            "slots_per_layer": self.total_slots / self.num_layers, "device": str(self.cache.device),
+            "pool_bytes": self.cache.pool_bytes, "host_bytes": self.store.host_bytes(), "store": self.store.mode,
+            "cost_model": dict(vars(self.cost_model)), "total": total, "layers": per_layer,
+        }
+
+    def reset_stats(self) -> None:
+        self.controller.stats.reset()
+        for name in TIMERS:
+            self.timing[name][:] = 0
+        self.forwards = 0
+
+
+def calibrate(store: ExpertStore, cache: ExpertCache, base: CostModel, repeats: int = 3) -> CostModel:
+    """A short measurement on this machine: one expert's copy, device and CPU runs at 1 and 16 tokens."""
+    device, dtype = cache.device, store.dtype
+    sync = (lambda: torch.cuda.synchronize(device)) if cache.cuda else (lambda: None)
+
+    def timed(fn) -> float:
+        fn()
+        sync()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+        sync()
+        return (time.perf_counter() - start) / repeats
+
+    slot = 0
+    copy_s = timed(lambda: cache.load(slot, 0, 0))
+    cache.copy_seconds, cache.bytes_copied = 0.0, 0
+    dev_w = cache.weights(slot)
+    host_w = store.weights(0, 0)
+    times = {}
+    for n in (1, 16):
+        x_dev = torch.zeros(n, store.hidden, dtype=dtype, device=device)
+        x_host = torch.zeros(n, store.hidden, dtype=dtype)
+        times[("gpu", n)] = timed(lambda x=x_dev: swiglu_expert(x, *dev_w))
+        times[("cpu", n)] = timed(lambda x=x_host: swiglu_expert(x, *host_w))
+    per_token = {k: max((times[(k, 16)] - times[(k, 1)]) / 15, 0.0) for k in ("gpu", "cpu")}
+    return base.with_overrides(
+        h2d_bytes_per_s=store.expert_bytes / max(copy_s, 1e-9),
+        gpu_expert_fixed_s=max(times[("gpu", 1)] - per_token["gpu"], 0.0), gpu_s_per_token=per_token["gpu"],
+        cpu_expert_fixed_s=max(times[("cpu", 1)] - per_token["cpu"], 0.0), cpu_s_per_token=per_token["cpu"],
+        cpu_overhead_s=0.0,
+    )
+
+
+def attach_offload(model, config: OffloadConfig, checkpoint_files: list[str], dtype: torch.dtype | None):
+    """Build the store from the checkpoint shards and install the runtime on ``model``."""
+    cfg = model.config
+    layer_ids = [block.layer_idx for block in model.moe_blocks()]
+    weight_dtype = dtype or next(model.parameters()).dtype
+    store = ExpertStore.from_safetensors([str(f) for f in checkpoint_files], layer_ids, cfg.num_experts,
+                                         cfg.hidden_size, cfg.moe_intermediate_size, weight_dtype, config.store)
+    return OffloadRuntime(model, config, store, model.device)

@@ -1,0 +1,179 @@
+"""ExpertStore: one host-resident copy of every routed expert, read straight from safetensors.
+
+Routed-expert tensors never go through ``from_pretrained`` (the model is built without them), so
+they are never materialised on the device outside the cache pool. Two layouts:
+
+* ``pinned`` (also ``auto`` everywhere): one contiguous buffer per MoE layer, ``[E, 3*I*H]``
+  (gate, up, down of an expert side by side), page-locked where CUDA exists, filled with plain
+  file reads (no mmap: the page cache is not counted twice in the process's memory). One expert is
+  one contiguous, 64-byte-aligned row: one DMA to a cache slot, and the same CPU GEMM code path as
+  the resident model's aligned weights (so CPU-computed misses round exactly like resident ones).
+* ``mmap``: zero-copy views into the safetensors files; nothing is read until used. Lowest memory,
+  but views are only 8-byte aligned, so on a CPU-only machine CPU-computed experts may round
+  differently from the resident model (tokens can differ in rare near-ties).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+EXPERT_KEY = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+PARTS = ("gate_proj", "up_proj", "down_proj")
+SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
+
+
+def read_safetensors_header(path: str | os.PathLike) -> tuple[dict, int]:
+    """The JSON header and the byte offset where tensor data starts."""
+    with open(path, "rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(size))
+    header.pop("__metadata__", None)
+    return header, 8 + size
+
+
+@dataclass
+class ExpertLocation:
+    path: str
+    offset: int  # absolute byte offset in the file
+    nbytes: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+def index_expert_tensors(files: list[str]) -> dict[tuple[int, int, str], ExpertLocation]:
+    """Map (model layer, expert, part) -> where its bytes are, from the shards' headers only."""
+    found = {}
+    for path in files:
+        header, start = read_safetensors_header(path)
+        for name, info in header.items():
+            m = EXPERT_KEY.match(name)
+            if m is None:
+                continue
+            if info["dtype"] not in SAFETENSORS_DTYPES:
+                raise ValueError(f"{name} in {path} has dtype {info['dtype']}; supported: {sorted(SAFETENSORS_DTYPES)}")
+            a, b = info["data_offsets"]
+            found[(int(m.group(1)), int(m.group(2)), m.group(3))] = ExpertLocation(
+                str(path), start + a, b - a, SAFETENSORS_DTYPES[info["dtype"]], tuple(info["shape"]))
+    return found
+
+
+class ExpertStore:
+    """Host copies of routed experts, addressed by (MoE layer index, expert id)."""
+
+    def __init__(self, layer_ids: list[int], num_experts: int, hidden_size: int, intermediate_size: int,
+                 dtype: torch.dtype, mode: str):
+        self.layer_ids = layer_ids  # model layer index of each MoE layer
+        self.num_experts = num_experts
+        self.hidden, self.inter = hidden_size, intermediate_size
+        self.dtype, self.mode = dtype, mode
+        self.numel = 3 * hidden_size * intermediate_size
+        self.expert_bytes = self.numel * torch.empty((), dtype=dtype).element_size()
+        self.buffers: list[torch.Tensor] = []  # pinned mode: [E, 3*I*H] per MoE layer
+        self.views: list[list[tuple[torch.Tensor, ...]]] = []  # mmap mode: (gate, up, down) per expert
+
+    @classmethod
+    def from_safetensors(cls, files: list[str], layer_ids: list[int], num_experts: int, hidden_size: int,
+                         intermediate_size: int, dtype: torch.dtype, mode: str = "auto") -> ExpertStore:
+        if mode not in ("auto", "pinned", "mmap"):
+            raise ValueError(f"store={mode!r} is unknown; allowed: auto, pinned, mmap")
+        mode = "pinned" if mode == "auto" else mode
+        store = cls(layer_ids, num_experts, hidden_size, intermediate_size, dtype, mode)
+        locations = index_expert_tensors(files)
+        expected = {(layer, e, part) for layer in layer_ids for e in range(num_experts) for part in PARTS}
+        missing = sorted(expected - set(locations))
+        if missing:
+            layer, e, part = missing[0]
+            raise ValueError(f"checkpoint lacks {len(missing)} routed-expert tensors, e.g. "
+                             f"model.layers.{layer}.mlp.experts.{e}.{part}.weight")
+        if mode == "mmap":
+            store._map_views(locations)
+        else:
+            store._read_buffers(locations)
+        return store
+
+    def _read_buffers(self, locations) -> None:
+        pin = torch.cuda.is_available()
+        h, i = self.hidden, self.inter
+        for layer in self.layer_ids:
+            buf = torch.empty((self.num_experts, self.numel), dtype=self.dtype, pin_memory=pin)
+            for e in range(self.num_experts):
+                for p, part in enumerate(PARTS):
+                    loc = locations[(layer, e, part)]
+                    _check_shape(loc, part, h, i, layer, e)
+                    dst = buf[e, p * h * i : (p + 1) * h * i]
+                    _read_into(loc, dst)
+            self.buffers.append(buf)
+
+    def _map_views(self, locations) -> None:
+        files = {}
+        h, i = self.hidden, self.inter
+        for layer in self.layer_ids:
+            per_layer = []
+            for e in range(self.num_experts):
+                parts = []
+                for part in PARTS:
+                    loc = locations[(layer, e, part)]
+                    _check_shape(loc, part, h, i, layer, e)
+                    if loc.path not in files:
+                        files[loc.path] = torch.from_file(loc.path, shared=False, size=os.path.getsize(loc.path),
+                                                          dtype=torch.uint8)
+                    raw = files[loc.path][loc.offset : loc.offset + loc.nbytes]
+                    parts.append(raw.view(loc.dtype).view(loc.shape).to(self.dtype))
+                per_layer.append(tuple(parts))
+            self.views.append(per_layer)
+
+    def weights(self, layer: int, expert: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(gate [I,H], up [I,H], down [H,I]) of an expert, on the host."""
+        if self.mode == "mmap":
+            return self.views[layer][expert]
+        return split_expert(self.buffers[layer][expert], self.hidden, self.inter)
+
+    def flat(self, layer: int, expert: int) -> torch.Tensor | None:
+        """The expert as one contiguous row (pinned layout only)."""
+        return self.buffers[layer][expert] if self.mode == "pinned" else None
+
+    def host_bytes(self) -> int:
+        return len(self.layer_ids) * self.num_experts * self.expert_bytes
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Official tensor names for every stored expert (for ``save_pretrained``)."""
+        out = {}
+        for m, layer in enumerate(self.layer_ids):
+            for e in range(self.num_experts):
+                for part, tensor in zip(PARTS, self.weights(m, e)):
+                    out[f"model.layers.{layer}.mlp.experts.{e}.{part}.weight"] = tensor
+        return out
+
+
+def split_expert(row: torch.Tensor, hidden: int, inter: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    n = hidden * inter
+    return row[:n].view(inter, hidden), row[n : 2 * n].view(inter, hidden), row[2 * n :].view(hidden, inter)
+
+
+def _check_shape(loc: ExpertLocation, part: str, h: int, i: int, layer: int, e: int) -> None:
+    want = (h, i) if part == "down_proj" else (i, h)
+    if loc.shape != want:
+        raise ValueError(f"model.layers.{layer}.mlp.experts.{e}.{part}.weight has shape {list(loc.shape)}; "
+                         f"the config implies {list(want)}")
+
+
+def _read_into(loc: ExpertLocation, dst: torch.Tensor) -> None:
+    """Read one tensor's bytes from its shard into ``dst`` (converting dtype if they differ)."""
+    if loc.dtype == dst.dtype:
+        target = dst.view(torch.uint8)
+    else:
+        target = torch.empty(loc.nbytes, dtype=torch.uint8)
+    with open(loc.path, "rb") as f:
+        f.seek(loc.offset)
+        got = f.readinto(memoryview(target.numpy()))
+    if got != loc.nbytes:
+        raise ValueError(f"{Path(loc.path).name} is truncated: read {got} of {loc.nbytes} bytes at {loc.offset}")
+    if loc.dtype != dst.dtype:
+        dst.copy_(target.view(loc.dtype).view(-1))

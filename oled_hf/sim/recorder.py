@@ -1,0 +1,89 @@
+"""Record a routing trace from a live model, resident or offloaded.
+
+The recorder wraps each MoE block's experts executor (whatever it is) to capture the routing,
+brackets every model forward with ``begin_forward`` / ``end_forward`` hooks, learns each forward's
+kind from the decoder's ``on_forward`` notice, and hears iteration events as an observer. The
+timeline it writes is the one the live run saw, so replay walks it in the same order.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..generation.events import IterationObserver
+from .trace import KINDS, TraceWriter
+
+
+class _RecordingExecutor:
+    def __init__(self, recorder: TraceRecorder, moe_index: int, inner):
+        self.recorder, self.moe_index, self.inner = recorder, moe_index, inner
+
+    def __call__(self, moe_block, hidden_states, topk_ids, topk_weights):
+        self.recorder.writer.add_layer(self.moe_index, topk_ids, topk_weights)
+        return self.inner(moe_block, hidden_states, topk_ids, topk_weights)
+
+
+class TraceRecorder(IterationObserver):
+    def __init__(self, model, path: str | None = None, decoding: dict | None = None, cost_model=None):
+        cfg = model.config
+        dtype_bytes = next(model.parameters()).element_size()
+        self.writer = TraceWriter(cfg.num_moe_layers, cfg.num_experts, cfg.num_experts_per_tok,
+                                  int(getattr(model.generation_config, "block_length", 32) or 32),
+                                  hidden_size=cfg.hidden_size, moe_intermediate_size=cfg.moe_intermediate_size,
+                                  dtype_bytes=dtype_bytes, model=str(getattr(cfg, "_name_or_path", "")),
+                                  decoding=decoding)
+        if cost_model is not None:
+            self.writer.header["cost_model"] = dict(vars(cost_model))
+        self.path = path
+        self.model = model
+        self._kind = ("prefill", -1, -1)
+        self._hooks = []
+        self._blocks = model.moe_blocks()
+        self._inner = [block.experts_executor for block in self._blocks]
+        for i, block in enumerate(self._blocks):
+            block.experts_executor = _RecordingExecutor(self, i, block.experts_executor)
+        self._hooks.append(model.model.register_forward_pre_hook(self._begin))
+        self._hooks.append(model.model.register_forward_hook(self._end))
+        model.add_iteration_observer(self)
+
+    def detach(self) -> None:
+        for block, inner in zip(self._blocks, self._inner):
+            block.experts_executor = inner
+        for hook in self._hooks:
+            hook.remove()
+        self.model.remove_iteration_observer(self)
+
+    def _begin(self, module, args):
+        kind, block, iteration = self._kind
+        self.writer.begin_forward(kind, block, iteration)
+        self._kind = ("prefill", -1, -1)  # a forward outside generate counts as a prefill
+
+    def _end(self, module, args, output):
+        self.writer.end_forward()
+
+    def on_forward(self, kind: str, block_index: int, iteration: int) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"unknown forward kind {kind!r}")
+        self._kind = (kind, block_index, iteration)
+
+    def begin_sequence(self, seq: int) -> None:
+        self.writer.begin_sequence(seq)
+
+    def on_block_start(self, block_index, token_ids):
+        self.writer.on_block_start(block_index, token_ids)
+
+    def on_iteration(self, event):
+        self.writer.on_iteration(event)
+
+    def on_block_end(self, block_index, token_ids):
+        self.writer.on_block_end(block_index, token_ids)
+
+    def on_generate_end(self) -> None:
+        if self.path:
+            self.save(self.path)
+
+    def save(self, path: str | None = None) -> Path:
+        target = Path(path or self.path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        self.writer.save(str(target))
+        return target

@@ -1,0 +1,236 @@
+"""Routing traces: what a generate call routed, recorded once, replayable through any policy.
+
+A trace is a header plus an ordered timeline of four kinds of item, exactly as the live run saw
+them: forwards (per MoE layer ``topk_ids`` [T, k] and ``topk_weights``), iteration events (the
+decoder's masked / confidence / committed / token ids), block starts and block ends. Replay walks
+the same timeline, so policies hear routing and events in the live order (a forward's routing
+first, then its event).
+
+On disk: one ``torch.save`` file holding a dict of flat tensors (ids as int16, gate weights as
+float16, ragged parts as offsets), loadable with ``weights_only=True``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from oled_hf.generation.events import IterationEvent, IterationObserver
+
+KINDS = ("prefill", "denoise", "refresh")
+OP_FORWARD, OP_EVENT, OP_BLOCK_START, OP_BLOCK_END = 0, 1, 2, 3
+FORMAT = "oled-trace"
+VERSION = 1
+HEADER_KEYS = ("num_moe_layers", "num_experts", "top_k", "block_length", "hidden_size",
+               "moe_intermediate_size", "dtype_bytes")
+
+
+def _np(x: Any) -> np.ndarray:
+    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+@dataclass
+class ForwardRecord:
+    kind: str
+    seq: int
+    block_index: int
+    iteration: int
+    topk_ids: np.ndarray  # [num_moe_layers, T, k]
+    topk_weights: np.ndarray  # [num_moe_layers, T, k]
+
+
+class Trace:
+    """A loaded trace: header dict + flat arrays; records are views, built on demand."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        if data.get("format") != FORMAT:
+            raise ValueError(f"not an {FORMAT} file (format={data.get('format')!r})")
+        if data.get("version") != VERSION:
+            raise ValueError(f"trace version {data.get('version')!r} is not supported (expected {VERSION})")
+        self.header: dict[str, Any] = dict(data["header"])
+        self.arrays = {k: _np(v) for k, v in data.items() if k not in ("format", "version", "header")}
+        a = self.arrays
+        self.num_layers = int(self.header["num_moe_layers"])
+        self.num_experts = int(self.header["num_experts"])
+        self.num_forwards = int(a["fwd_kind"].shape[0])
+        self.num_events = int(a["ev_block"].shape[0])
+        self.row_offsets = a["fwd_rows"]
+
+    # ------------------------------------------------------------------ access
+    def ops(self) -> Iterator[tuple[int, int]]:
+        """The timeline: ``(op, index)`` with op one of OP_FORWARD, OP_EVENT, OP_BLOCK_START/END."""
+        return zip(self.arrays["op"].tolist(), self.arrays["op_index"].tolist())
+
+    def forward(self, i: int) -> ForwardRecord:
+        a, r0, r1 = self.arrays, int(self.row_offsets[i]), int(self.row_offsets[i + 1])
+        return ForwardRecord(KINDS[int(a["fwd_kind"][i])], int(a["fwd_seq"][i]), int(a["fwd_block"][i]),
+                             int(a["fwd_iter"][i]), a["topk_ids"][:, r0:r1], a["topk_weights"][:, r0:r1])
+
+    def routing(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(topk_ids, topk_weights)`` of forward i, each [num_moe_layers, T, k] (views)."""
+        r0, r1 = int(self.row_offsets[i]), int(self.row_offsets[i + 1])
+        return self.arrays["topk_ids"][:, r0:r1], self.arrays["topk_weights"][:, r0:r1]
+
+    def event(self, i: int) -> IterationEvent:
+        a = self.arrays
+        e0, e1, b = int(a["ev_offsets"][i]), int(a["ev_offsets"][i + 1]), int(a["ev_batch"][i])
+
+        def t(name: str) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(a[name][e0:e1])).reshape(b, -1)
+
+        return IterationEvent(int(a["ev_block"][i]), int(a["ev_iter"][i]), t("ev_masked"),
+                              t("ev_confidence"), t("ev_committed"), t("ev_token_ids").long())
+
+    def marker(self, i: int) -> tuple[int, torch.Tensor]:
+        a = self.arrays
+        m0, m1, b = int(a["mk_offsets"][i]), int(a["mk_offsets"][i + 1]), int(a["mk_batch"][i])
+        return int(a["mk_block"][i]), torch.from_numpy(a["mk_token_ids"][m0:m1].astype(np.int64)).reshape(b, -1)
+
+    @property
+    def routing_entries(self) -> int:
+        """Total (layer, token, k) routing entries."""
+        return int(np.prod(self.arrays["topk_ids"].shape))
+
+    def output_tokens(self) -> int:
+        """Tokens committed by the recorded iteration events."""
+        return int(self.arrays["ev_committed"].sum())
+
+    def save(self, path: str) -> None:
+        data: dict[str, Any] = {"format": FORMAT, "version": VERSION, "header": self.header}
+        data.update({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in self.arrays.items()})
+        torch.save(data, path)
+
+
+def load_trace(path: str) -> Trace:
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise
+    except Exception as exc:  # pickle/zip errors: say what the file should be
+        raise ValueError(f"{path}: not a readable {FORMAT} file ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not an {FORMAT} file")
+    return Trace(data)
+
+
+class TraceWriter(IterationObserver):
+    """Records a trace. Register it as an iteration observer and feed it each forward's routing.
+
+    Either ``add_forward(kind, block, iteration, ids_per_layer, weights_per_layer)`` at once, or
+    ``begin_forward`` / ``add_layer`` (from each MoE layer) / ``end_forward``.
+    """
+
+    def __init__(self, num_moe_layers: int, num_experts: int, top_k: int, block_length: int, *,
+                 hidden_size: int = 0, moe_intermediate_size: int = 0, dtype_bytes: int = 2,
+                 model: str = "", decoding: dict[str, Any] | None = None) -> None:
+        self.header = {"num_moe_layers": int(num_moe_layers), "num_experts": int(num_experts),
+                       "top_k": int(top_k), "block_length": int(block_length), "hidden_size": int(hidden_size),
+                       "moe_intermediate_size": int(moe_intermediate_size), "dtype_bytes": int(dtype_bytes),
+                       "model": str(model), "decoding": dict(decoding or {})}
+        self.seq = 0
+        self._ops: list[tuple[int, int]] = []
+        self._fwd: list[tuple[int, int, int, int]] = []
+        self._ids: list[np.ndarray] = []
+        self._w: list[np.ndarray] = []
+        self._ev: list[tuple[int, int, int]] = []
+        self._ev_data: list[tuple[np.ndarray, ...]] = []
+        self._mk: list[tuple[int, int]] = []
+        self._mk_tokens: list[np.ndarray] = []
+        self._pending: dict[str, Any] | None = None
+
+    def begin_sequence(self, seq: int) -> None:
+        self.seq = int(seq)
+
+    def add_forward(self, kind: str, block_index: int, iteration: int,
+                    topk_ids_per_layer: Sequence[Any], topk_weights_per_layer: Sequence[Any]) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"kind={kind!r} is unknown; allowed: {', '.join(KINDS)}")
+        if len(topk_ids_per_layer) != self.header["num_moe_layers"]:
+            raise ValueError(
+                f"got routing for {len(topk_ids_per_layer)} layers, trace has {self.header['num_moe_layers']}"
+            )
+        dtype = np.int16 if self.header["num_experts"] <= np.iinfo(np.int16).max else np.int32
+        ids = np.stack([_np(x).reshape(-1, self.header["top_k"]) for x in topk_ids_per_layer]).astype(dtype)
+        w = np.stack([_np(x).astype(np.float32).reshape(ids.shape[1:]) for x in topk_weights_per_layer])
+        self._ops.append((OP_FORWARD, len(self._fwd)))
+        self._fwd.append((KINDS.index(kind), self.seq, int(block_index), int(iteration)))
+        self._ids.append(ids)
+        self._w.append(w.astype(np.float16))
+
+    def begin_forward(self, kind: str, block_index: int, iteration: int) -> None:
+        self._pending = {"kind": kind, "block": block_index, "iteration": iteration, "ids": {}, "w": {}}
+
+    def add_layer(self, layer: int, topk_ids: Any, topk_weights: Any) -> None:
+        if self._pending is None:
+            raise RuntimeError("add_layer called outside begin_forward/end_forward")
+        self._pending["ids"][layer] = _np(topk_ids).copy()
+        self._pending["w"][layer] = _np(topk_weights).astype(np.float32)
+
+    def end_forward(self) -> None:
+        p, self._pending = self._pending, None
+        if p is None:
+            raise RuntimeError("end_forward called without begin_forward")
+        layers = range(self.header["num_moe_layers"])
+        self.add_forward(p["kind"], p["block"], p["iteration"], [p["ids"][l] for l in layers],
+                         [p["w"][l] for l in layers])
+
+    def on_block_start(self, block_index: int, token_ids: torch.Tensor) -> None:
+        self._marker(OP_BLOCK_START, block_index, token_ids)
+
+    def on_block_end(self, block_index: int, token_ids: torch.Tensor) -> None:
+        self._marker(OP_BLOCK_END, block_index, token_ids)
+
+    def _marker(self, op: int, block_index: int, token_ids: Any) -> None:
+        tok = _np(token_ids)
+        self._ops.append((op, len(self._mk)))
+        self._mk.append((int(block_index), int(tok.shape[0]) if tok.ndim > 1 else 1))
+        self._mk_tokens.append(tok.reshape(-1).astype(np.int64))
+
+    def on_iteration(self, event: IterationEvent) -> None:
+        masked = _np(event.masked)
+        self._ops.append((OP_EVENT, len(self._ev)))
+        self._ev.append((int(event.block_index), int(event.iteration), int(masked.shape[0]) if masked.ndim > 1 else 1))
+        self._ev_data.append(tuple(_np(x).reshape(-1) for x in (event.masked, event.confidence, event.committed,
+                                                                 event.token_ids)))
+
+    # ------------------------------------------------------------------ output
+    def trace(self) -> Trace:
+        k, L = self.header["top_k"], self.header["num_moe_layers"]
+        rows = [x.shape[1] for x in self._ids]
+        ev_len = [d[0].shape[0] for d in self._ev_data]
+        mk_len = [t.shape[0] for t in self._mk_tokens]
+        fwd = np.asarray(self._fwd, dtype=np.int64).reshape(-1, 4)
+
+        def cat(parts: list[np.ndarray], dtype: Any, shape: tuple[int, ...] = (0,)) -> np.ndarray:
+            return np.concatenate(parts).astype(dtype) if parts else np.zeros(shape, dtype=dtype)
+
+        data: dict[str, Any] = {
+            "format": FORMAT, "version": VERSION, "header": self.header,
+            "op": np.asarray([o for o, _ in self._ops], dtype=np.int8),
+            "op_index": np.asarray([i for _, i in self._ops], dtype=np.int64),
+            "fwd_kind": fwd[:, 0].astype(np.int8), "fwd_seq": fwd[:, 1].astype(np.int32),
+            "fwd_block": fwd[:, 2].astype(np.int32), "fwd_iter": fwd[:, 3].astype(np.int32),
+            "fwd_rows": np.concatenate(([0], np.cumsum(rows))).astype(np.int64),
+            "topk_ids": np.concatenate(self._ids, axis=1) if self._ids else np.zeros((L, 0, k), np.int16),
+            "topk_weights": np.concatenate(self._w, axis=1) if self._w else np.zeros((L, 0, k), np.float16),
+            "ev_block": np.asarray([e[0] for e in self._ev], dtype=np.int32),
+            "ev_iter": np.asarray([e[1] for e in self._ev], dtype=np.int32),
+            "ev_batch": np.asarray([e[2] for e in self._ev], dtype=np.int32),
+            "ev_offsets": np.concatenate(([0], np.cumsum(ev_len))).astype(np.int64),
+            "ev_masked": cat([d[0] for d in self._ev_data], bool),
+            "ev_confidence": cat([d[1] for d in self._ev_data], np.float32),
+            "ev_committed": cat([d[2] for d in self._ev_data], bool),
+            "ev_token_ids": cat([d[3] for d in self._ev_data], np.int32),
+            "mk_block": np.asarray([m[0] for m in self._mk], dtype=np.int32),
+            "mk_batch": np.asarray([m[1] for m in self._mk], dtype=np.int32),
+            "mk_offsets": np.concatenate(([0], np.cumsum(mk_len))).astype(np.int64),
+            "mk_token_ids": cat(self._mk_tokens, np.int32),
+        }
+        return Trace(data)
+
+    def save(self, path: str) -> None:
+        self.trace().save(path)

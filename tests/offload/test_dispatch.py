@@ -1,0 +1,74 @@
+"""Dispatcher (copy vs CPU) and the cost model it uses."""
+
+import numpy as np
+import pytest
+
+from oled_hf.offload.config import OffloadConfig
+from oled_hf.offload.costmodel import CostModel
+from oled_hf.offload.dispatch import Dispatcher
+
+CM = CostModel.h200_pcie5(2048, 512)
+
+
+def test_h200_preset_is_plausible():
+    assert CM.expert_bytes == 3 * 2048 * 512 * 2
+    assert 100e-6 < CM.copy_time() < 150e-6  # 6.3 MB over ~50 GB/s
+    assert 5e-6 < CM.gpu_time(1) < 20e-6 and CM.gpu_time(32) < 2 * CM.gpu_time(1)
+    assert CM.cpu_time(1) == pytest.approx(CM.cpu_time(2))  # memory-bound for few tokens
+    assert CM.cpu_time(64) > 2 * CM.cpu_time(1)  # compute-bound beyond
+    assert CM.gpu_time(0) == CM.cpu_time(0) == 0.0
+
+
+def test_overrides():
+    cm = CM.with_overrides(h2d_gbps=25, cpu_gbps=50, gpu_s_per_token=1e-6, cpu_overhead_us=None)
+    assert cm.copy_time() == pytest.approx(2 * CM.copy_time())
+    assert cm.cpu_expert_fixed_s == pytest.approx(2 * CM.cpu_expert_fixed_s)
+    assert cm.gpu_s_per_token == 1e-6 and cm.cpu_overhead_s == CM.cpu_overhead_s
+    with pytest.raises(ValueError, match="unknown cost-model override 'warp'"):
+        CM.with_overrides(warp=9)
+    with pytest.raises(ValueError, match="CostModel.h2d_bytes_per_s=0"):
+        CM.with_overrides(h2d_bytes_per_s=0.0)
+    cfg = OffloadConfig(cache_size=4, h2d_bandwidth_gbps=10.0, cpu_expert_ms_per_token=0.5)
+    applied = CM.with_config(cfg)
+    assert applied.h2d_bytes_per_s == 10e9 and applied.cpu_s_per_token == pytest.approx(5e-4)
+
+
+def test_gpu_path_overlaps_copies():
+    hits, copies = np.array([4, 4]), np.array([1, 1, 1])
+    t = CM.gpu_path_time(hits, copies)
+    assert t >= 3 * CM.copy_time() and t >= CM.gpu_times(np.r_[hits, copies]).sum()
+    assert t < 3 * CM.copy_time() + CM.gpu_times(np.r_[hits, copies]).sum()  # hits overlap the copies
+    assert CM.access_time(hits, copies, np.array([2])) == max(t, CM.cpu_time(2))
+
+
+def test_off_copies_everything_and_non_admitted_go_to_cpu():
+    tokens = np.array([1, 5, 30])
+    assert Dispatcher(None, "off").decide(tokens, np.zeros(3), None, 3, np.array([])).all()
+    d = Dispatcher(CM, "auto")
+    mask = d.decide(tokens, np.full(3, 32.0), np.array([True, False, True]), 3, np.array([]))
+    assert not mask[1]
+    assert not d.decide(tokens, np.full(3, 32.0), np.zeros(3, bool), 3, np.array([])).any()
+    with pytest.raises(ValueError, match="cpu_compute='maybe' is unknown"):
+        Dispatcher(CM, "maybe")
+
+
+def test_reuse_decides_copy_vs_cpu():
+    d = Dispatcher(CM, "auto")
+    one = np.array([1])
+    assert not d.decide(one, np.array([0.0]), None, 4, np.array([]))[0]  # 1 token, no reuse: CPU is cheaper
+    assert d.decide(one, np.array([20.0]), None, 4, np.array([]))[0]  # will be reused: cache it
+    assert not d.decide(one, np.array([20.0]), None, 0, np.array([]))[0]  # no room: it would not stay
+
+
+def test_balances_and_prefers_high_reuse():
+    d = Dispatcher(CM, "auto")
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(1, 6, size=40)
+    reuse = rng.random(40) * 4
+    mask = d.decide(tokens, reuse, None, 40, np.array([3] * 20))
+    assert 0 < mask.sum() < 40
+    assert reuse[mask].mean() > reuse[~mask].mean()
+    assert (mask == d.decide(tokens.copy(), reuse.copy(), None, 40, np.array([3] * 20))).all()
+    cpu_left = CM.cpu_times(tokens[~mask]).sum()
+    gpu_all_cpu = CM.cpu_times(tokens).sum()
+    assert cpu_left < gpu_all_cpu

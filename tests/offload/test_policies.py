@@ -1,0 +1,114 @@
+"""Policies: registry, per-policy semantics, and OLED's advantage where confidence matters."""
+
+import numpy as np
+import pytest
+import torch
+
+from oled_hf.generation.events import IterationEvent, IterationObserver
+from oled_hf.offload.config import OffloadConfig
+from oled_hf.offload.policies import available_policies, make_policy
+from oled_hf.offload.policies.oled import COMMITTED, CONFIDENT, DECODED, FRESH, UNSURE
+from oled_hf.sim.replay import replay
+from oled_hf.sim.synthetic import synthetic_trace
+
+
+def event(masked, conf, committed, block=0, it=0):
+    m = torch.tensor([masked], dtype=torch.bool)
+    return IterationEvent(block, it, m, torch.tensor([conf], dtype=torch.float32),
+                          torch.tensor([committed], dtype=torch.bool), torch.zeros_like(m, dtype=torch.long))
+
+
+def test_registry_and_config_knobs():
+    assert available_policies() == ["lfu", "lru", "oled", "static", "tide"]
+    with pytest.raises(ValueError, match="policy='nope' is unknown; known policies: lfu, lru, oled, static, tide"):
+        make_policy("nope", 2, 8)
+    cfg = OffloadConfig(cache_size=2, tide_interval=7, static_warmup_iterations=3, oled_decay=0.25)
+    assert make_policy("tide", 2, 8, cfg).interval == 7
+    assert make_policy("static", 2, 8, cfg).warmup_iterations == 3
+    assert make_policy("oled", 2, 8, cfg).decay == 0.25
+    for name in available_policies():
+        p = make_policy(name, 2, 8)
+        assert isinstance(p, IterationObserver) and p.priority(0).shape == (8,)
+        assert p.predicted_reuse(0).shape == (8,) and p.admits(0, 3)
+
+
+def test_lru_and_lfu_order():
+    lru, lfu = make_policy("lru", 1, 6), make_policy("lfu", 1, 6)
+    for clock, req in enumerate([[0, 1], [0, 2], [0, 3], [4, 1]], start=1):
+        for p in (lru, lfu):
+            p.observe_access(0, np.array(req).reshape(-1, 1), None, clock)
+    assert lru.priority(0).argsort(descending=True)[:2].tolist() in ([4, 1], [1, 4])
+    assert lru.priority_array(0)[0] < lru.priority_array(0)[1]
+    assert lfu.priority_array(0).argmax() == 0 and lfu.priority_array(0)[1] > lfu.priority_array(0)[2]
+
+
+def test_static_freezes_after_warmup():
+    p = make_policy("static", 1, 8, OffloadConfig(cache_size=2, static_warmup_iterations=2))
+    p.set_capacities([2])
+    ev = event([True], [0.5], [False])
+    for req in ([0, 1, 1, 2], [1, 2, 2, 2]):
+        assert p.admission(0) is None
+        p.observe_access(0, np.array(req).reshape(-1, 1), None, 1)
+        p.on_iteration(ev)
+    assert p.admission(0).nonzero()[0].tolist() == [1, 2]  # top-2 by token frequency
+    p.observe_access(0, np.array([5, 5, 5, 5, 5]).reshape(-1, 1), None, 3)
+    assert p.admission(0).nonzero()[0].tolist() == [1, 2] and not p.admits(0, 5)
+
+
+def test_tide_reselects_every_interval():
+    p = make_policy("tide", 1, 8, OffloadConfig(cache_size=2, tide_interval=2))
+    p.set_capacities([2])
+    p.on_block_start(0, torch.zeros(1, 4))
+    p.observe_access(0, np.array([1, 1, 2, 3]).reshape(-1, 1), None, 1)  # iteration 0: reselect
+    assert p.admission(0).nonzero()[0].tolist() == [1, 2]
+    p.on_iteration(event([True] * 4, [0.1] * 4, [False] * 4, it=0))
+    p.observe_access(0, np.array([5, 5, 6, 6]).reshape(-1, 1), None, 2)  # iteration 1: no change
+    assert p.admission(0).nonzero()[0].tolist() == [1, 2]
+    p.on_iteration(event([True] * 4, [0.1] * 4, [False] * 4, it=1))
+    p.observe_access(0, np.array([5, 5, 6, 7]).reshape(-1, 1), None, 3)  # iteration 2: reselect
+    assert p.admission(0).nonzero()[0].tolist() == [5, 6]
+
+
+def test_oled_classes_and_priorities():
+    p = make_policy("oled", 1, 16)
+    cls = p.classify(np.array([0, 1, 1, 1, 1]), np.array([1.0, 0.95, 0.95, 0.5, 0.05]),
+                     np.array([0, 1, 0, 0, 0]))
+    assert cls.tolist() == [DECODED, COMMITTED, CONFIDENT, UNSURE + 2, UNSURE]
+    p.on_block_start(0, torch.zeros(1, 4))
+    p.on_iteration(event([False, True, True, True], [1.0, 0.99, 0.1, 0.1], [False, True, False, False]))
+    # rows 0, 1 settled (experts 0, 1); rows 2, 3 unsure (experts 2, 3); equal gate weights
+    p.observe_access(0, np.array([[0], [1], [2], [3]]), np.ones((4, 1)), 1)
+    prio = p.priority_array(0)
+    assert min(prio[0], prio[1]) > 2 * max(prio[2], prio[3])
+    assert p.reuse_array(0)[0] > p.reuse_array(0)[2]
+    before = prio.copy()
+    p.on_block_start(1, torch.zeros(1, 4))
+    assert np.allclose(p.priority_array(0), before * p.block_decay)
+    p.observe_access(0, np.array([[9], [9], [10]]), None, 2)  # 3 rows != 4: prefill-like, stable
+    assert p.priority_array(0)[9] > p.priority_array(0)[10] > 0
+
+
+def test_oled_calibrates_stability_from_persistence():
+    p = make_policy("oled", 1, 64)
+    p.on_block_start(0, torch.zeros(1, 8))
+    rng = np.random.default_rng(0)
+    routes = rng.permutation(64)[:16].reshape(8, 2)
+    for it in range(40):
+        p.on_iteration(event([True] * 8, [0.95] * 8, [False] * 8, it=it))  # "confident" ...
+        routes = np.stack([rng.permutation(64)[:2] for _ in range(8)])  # ... but routes change
+        p.observe_access(0, routes, None, it + 1)
+    assert p.stability(0)[CONFIDENT] < 0.5 < p.prior[CONFIDENT]
+    assert p.stability(0)[FRESH] == pytest.approx(p.prior[FRESH], abs=0.1)
+
+
+@pytest.mark.parametrize("cpu", ["off", "auto"])
+def test_oled_beats_lru_when_confident_tokens_keep_routes(cpu):
+    gains = []
+    for seed in range(3):
+        trace = synthetic_trace(num_layers=2, num_experts=128, top_k=4, block_length=16, num_blocks=3,
+                                popularity_scale=0.0, stable_keep=1.0, confident_keep=1.0, unsure_keep=0.0,
+                                seed=seed)
+        oled = replay(trace, "oled", 32, layer_adaptive=False, cpu_compute=cpu)
+        lru = replay(trace, "lru", 32, layer_adaptive=False, cpu_compute=cpu)
+        gains.append(oled.hit_rate - lru.hit_rate)
+    assert min(gains) > 0 and np.mean(gains) > 0.01

@@ -1,0 +1,119 @@
+"""The live offload runtime on the tiny checkpoint: lossless tokens, budgets, loading paths, save."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, pipeline
+
+import oled_hf  # noqa: F401
+from oled_hf import OffloadConfig
+from oled_hf.modeling import OledLLaDA2ForDiffusionLM
+
+POLICIES = ["oled", "lru", "lfu", "static", "tide"]
+# tiny: 32 experts per layer -> 1 slot, ~25%, ~40%, 100%
+CACHE_SIZES = [1, 8, 13, 32]
+
+
+@pytest.fixture(scope="module")
+def prompt(tiny_tokenizer):
+    return tiny_tokenizer.apply_chat_template([{"role": "user", "content": "hello there, how are you"}],
+                                              add_generation_prompt=True, return_tensors="pt", return_dict=True)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model, prompt):
+    return tiny_model.generate(**prompt, max_new_tokens=24, block_length=8, threshold=0.9)
+
+
+def _offloaded(path, **kwargs):
+    return OledLLaDA2ForDiffusionLM.from_pretrained(path, offload_config=OffloadConfig(**kwargs)).eval()
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_policy_and_cache_size_is_lossless(tiny_path, prompt, reference, policy):
+    for cache_size in CACHE_SIZES:
+        for cpu in ("auto", "off"):
+            model = _offloaded(tiny_path, cache_size=cache_size, policy=policy, cpu_compute=cpu)
+            out = model.generate(**prompt, max_new_tokens=24, block_length=8, threshold=0.9)
+            assert torch.equal(out, reference), (policy, cache_size, cpu)
+            total = model.offload_stats()["total"]
+            assert total["hits"] + total["misses"] > 0
+            if cpu == "off":
+                assert total["cpu_expert_tokens"] == 0
+
+
+def test_logits_bit_identical_to_resident(tiny_path, tiny_model):
+    model = _offloaded(tiny_path, cache_size=4, cpu_compute="auto")
+    ids = torch.randint(0, 500, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(model(ids, block_length=8).logits, tiny_model(ids, block_length=8).logits)
+
+
+def test_budget_and_single_copy(tiny_path):
+    model = _offloaded(tiny_path, cache_size=5)
+    rt = model._offload_runtime
+    cfg = model.config
+    expert_bytes = 3 * cfg.hidden_size * cfg.moe_intermediate_size * 4
+    assert rt.cache.pool.shape[0] == 5 * cfg.num_moe_layers
+    assert rt.cache.pool_bytes == 5 * cfg.num_moe_layers * expert_bytes
+    assert rt.store.host_bytes() == cfg.num_moe_layers * cfg.num_experts * expert_bytes
+    assert all(len(block.experts) == 0 for block in model.moe_blocks())
+    assert not any(".experts." in name for name, _ in model.named_parameters())
+    model.generate(torch.tensor([[1, 2, 3, 4, 5]]), max_new_tokens=16, block_length=8)
+    caps = rt.controller.capacities
+    assert sum(caps) == 5 * cfg.num_moe_layers and min(caps) >= 1
+    for layer in range(cfg.num_moe_layers):
+        assert len(rt.controller.state.resident(layer)) <= caps[layer]
+    assert model.num_parameters() == OledLLaDA2ForDiffusionLM.from_pretrained(tiny_path).num_parameters()
+
+
+def test_stats_and_reset(tiny_path):
+    model = _offloaded(tiny_path, cache_size=8, policy="lru")
+    model.generate(torch.tensor([[1, 2, 3, 4, 5]]), max_new_tokens=16, block_length=8)
+    stats = model.offload_stats()
+    assert len(stats["layers"]) == model.config.num_moe_layers
+    for key in ("hits", "misses", "hit_rate", "evictions", "bytes_copied", "cpu_expert_tokens", "copy_seconds",
+                "gpu_seconds", "cpu_seconds", "policy_seconds"):
+        assert key in stats["total"] and key in stats["layers"][0]
+    assert stats["policy"] == "lru" and stats["total"]["forwards"] > 0
+    model.reset_offload_stats()
+    assert model.offload_stats()["total"]["hits"] == 0 and model.offload_stats()["total"]["forwards"] == 0
+
+
+def test_bad_offload_configs_are_rejected(tiny_path):
+    with pytest.raises(ValueError, match="cache_size=0"):
+        OffloadConfig(cache_size=0)
+    with pytest.raises(ValueError, match="policy='fifo'.*lfu, lru, oled, static, tide"):
+        OffloadConfig(cache_size=4, policy="fifo")
+    with pytest.raises(ValueError, match="cache_size=33.*32"):
+        _offloaded(tiny_path, cache_size=33)
+    with pytest.raises(ValueError, match="exactly one"):
+        OffloadConfig(cache_size=4, cache_ratio=0.5)
+    with pytest.raises(ValueError, match="offload_config must be an oled_hf.OffloadConfig"):
+        OledLLaDA2ForDiffusionLM.from_pretrained(tiny_path, offload_config={"cache_size": 4})
+
+
+def test_auto_class_and_pipeline_paths(tiny_path, prompt, reference):
+    model = AutoModelForCausalLM.from_pretrained(tiny_path, offload_config=OffloadConfig(cache_ratio=0.4))
+    assert model.is_offloaded and model.offload_stats()["total_slots"] == round(0.4 * 32 * 3)
+    pipe = pipeline("text-generation", model=str(tiny_path), trust_remote_code=True,
+                    model_kwargs={"offload_config": OffloadConfig(cache_size=6)})
+    assert pipe.model.is_offloaded
+    out = pipe("Once upon a time", max_new_tokens=8, block_length=8)
+    assert out[0]["generated_text"].startswith("Once upon a time")
+
+
+def test_save_pretrained_of_offloaded_model_is_complete(tiny_path, tiny_model, tmp_path):
+    model = _offloaded(tiny_path, cache_size=4)
+    model.save_pretrained(tmp_path / "saved")
+    again = OledLLaDA2ForDiffusionLM.from_pretrained(tmp_path / "saved").eval()
+    assert len(again.moe_blocks()[0].experts) == model.config.num_experts
+    ids = torch.randint(0, 500, (1, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(again(ids).logits, tiny_model(ids).logits)
+
+
+def test_mmap_store_is_zero_copy_and_lossless_on_tokens(tiny_path, prompt, reference):
+    model = _offloaded(tiny_path, cache_size=8, store="mmap", cpu_compute="off")
+    assert model.offload_stats()["store"] == "mmap"
+    out = model.generate(**prompt, max_new_tokens=24, block_length=8, threshold=0.9)
+    assert torch.equal(out, reference)

@@ -1,0 +1,115 @@
+"""Replay: determinism, trace round trip, equality with a live-style controller loop, table."""
+
+import numpy as np
+import pytest
+import torch
+
+from oled_hf.offload.config import OffloadConfig
+from oled_hf.offload.controller import CacheController
+from oled_hf.offload.costmodel import CostModel
+from oled_hf.sim.replay import compare, format_table, replay
+from oled_hf.sim.synthetic import synthetic_trace
+from oled_hf.sim.trace import OP_BLOCK_END, OP_BLOCK_START, OP_EVENT, OP_FORWARD, TraceWriter, load_trace
+
+CM = CostModel.h200_pcie5(2048, 512)
+
+
+@pytest.fixture(scope="module")
+def trace():
+    return synthetic_trace(num_layers=3, num_experts=32, top_k=4, block_length=8, num_blocks=3, batch=2,
+                           num_sequences=2, seed=1)
+
+
+def test_replay_is_deterministic(trace):
+    a = replay(trace, "oled", 6, cost_model=CM)
+    b = replay(trace, "oled", 6, cost_model=CM)
+    assert a.to_dict() == b.to_dict()
+    assert a.hits + a.misses > 0 and a.output_tokens == 2 * 2 * 3 * 8
+
+
+def test_trace_round_trip(trace, tmp_path):
+    path = tmp_path / "t.pt"
+    trace.save(str(path))
+    back = load_trace(str(path))
+    assert back.header == trace.header
+    assert set(back.arrays) == set(trace.arrays)
+    for k, v in trace.arrays.items():
+        assert np.array_equal(back.arrays[k], v), k
+    assert replay(back, "lru", 5, cost_model=CM).to_dict() == replay(trace, "lru", 5, cost_model=CM).to_dict()
+    ev = back.event(0)
+    assert ev.masked.shape == (2, 8) and ev.confidence.dtype == torch.float32 and ev.token_ids.dtype == torch.long
+    rec = back.forward(0)
+    assert rec.kind == "prefill" and rec.topk_ids.shape[0] == 3
+
+
+def test_load_trace_errors(tmp_path):
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a trace")
+    with pytest.raises(ValueError, match="not a readable oled-trace file"):
+        load_trace(str(bad))
+    torch.save({"format": "other"}, str(tmp_path / "other.pt"))
+    with pytest.raises(ValueError, match="not an oled-trace file"):
+        load_trace(str(tmp_path / "other.pt"))
+
+
+def test_writer_layer_by_layer_matches_add_forward():
+    ids = [np.array([[0, 1], [2, 3]]), np.array([[4, 5], [6, 7]])]
+    w = [np.full((2, 2), 0.5, dtype=np.float32)] * 2
+    a, b = TraceWriter(2, 8, 2, 2), TraceWriter(2, 8, 2, 2)
+    a.add_forward("denoise", 0, 0, ids, w)
+    b.begin_forward("denoise", 0, 0)
+    for layer in (1, 0):
+        b.add_layer(layer, torch.from_numpy(ids[layer]), torch.from_numpy(w[layer]))
+    b.end_forward()
+    ta, tb = a.trace(), b.trace()
+    assert all(np.array_equal(ta.arrays[k], tb.arrays[k]) for k in ta.arrays)
+    with pytest.raises(ValueError, match="kind='decode' is unknown"):
+        a.add_forward("decode", 0, 0, ids, w)
+
+
+@pytest.mark.parametrize("policy", ["oled", "tide", "static"])
+def test_replay_equals_live_controller_sequence(trace, policy):
+    """What the live runtime does (controller calls in forward/event order) is what replay counts."""
+    cfg = OffloadConfig(cache_size=6, policy=policy)
+    ctrl = CacheController(cfg, trace.num_layers, trace.num_experts, CM)
+    for op, idx in trace.ops():
+        if op == OP_FORWARD:
+            ctrl.begin_forward()
+            rec = trace.forward(idx)
+            for layer in range(trace.num_layers):
+                ctrl.plan(layer, torch.from_numpy(rec.topk_ids[layer].astype(np.int64)),
+                          torch.from_numpy(rec.topk_weights[layer].astype(np.float32)))
+        elif op == OP_EVENT:
+            ctrl.on_iteration(trace.event(idx))
+        elif op == OP_BLOCK_START:
+            ctrl.on_block_start(*trace.marker(idx))
+        elif op == OP_BLOCK_END:
+            ctrl.on_block_end(*trace.marker(idx))
+    r = replay(trace, policy, 6, cost_model=CM)
+    assert (r.hits, r.misses, r.copies, r.evictions, r.cpu_expert_tokens) == (
+        ctrl.stats.total("hits"), ctrl.stats.total("misses"), ctrl.stats.total("copies"),
+        ctrl.stats.total("evictions"), ctrl.stats.total("cpu_expert_tokens"))
+    assert r.capacities == ctrl.capacities
+
+
+def test_times_and_table(trace):
+    off = replay(trace, "lru", 4, cpu_compute="off", cost_model=CM, check_invariants=True)
+    assert off.ratio_to_full >= 1.0 and off.cpu_expert_tokens == 0
+    full = replay(trace, "lru", 32, layer_adaptive=False, cpu_compute="off", cost_model=CM)
+    assert full.misses == full.copies  # only cold misses remain at full capacity
+    results = compare(trace, ["oled", "lru"], [4, 8], layer_adaptive=False, cost_model=CM)
+    table = format_table(results)
+    assert "policy" in table and "% of MIN" in table and table.count("\n") >= 6
+    assert all(r.bound_hit_rate and r.hit_rate <= r.bound_hit_rate + 1e-12 for r in results)
+    with pytest.raises(ValueError, match="needs cache_size"):
+        replay(trace, "lru", None)
+    with pytest.raises(ValueError, match="policy='x' is unknown"):
+        replay(trace, "x", 4)
+
+
+def test_throughput_sanity():
+    """200k routing entries replay (speed is reported by eval/replay_speed.py, not asserted)."""
+    tr = synthetic_trace(num_layers=4, num_experts=128, top_k=8, block_length=32, num_blocks=14, seed=0)
+    assert tr.routing_entries >= 200_000
+    r = replay(tr, "oled", 32, cost_model=CM)
+    assert r.layer_accesses == tr.num_forwards * 4
