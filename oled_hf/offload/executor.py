@@ -27,12 +27,11 @@ class OffloadedExpertsExecutor:
         clock = time.perf_counter
         t0 = clock()
         plan = rt.controller.plan(layer, topk_ids, topk_weights)
-        groups = group_tokens_by_expert(topk_ids)
+        rt.timing["policy"][layer] += clock() - t0
+        groups = group_tokens_by_expert(topk_ids)  # the same grouping the resident executor does
         row_of = {e: i for i, e in enumerate(groups.experts)}
         sorted_x = hidden_states[groups.token_index]
         outputs = torch.empty_like(sorted_x)
-        t1 = clock()
-        rt.timing["policy"][layer] += t1 - t0
 
         cpu_job = None
         if plan.cpu:
