@@ -117,3 +117,15 @@ def test_mmap_store_is_zero_copy_and_lossless_on_tokens(tiny_path, prompt, refer
     assert model.offload_stats()["store"] == "mmap"
     out = model.generate(**prompt, max_new_tokens=24, block_length=8, threshold=0.9)
     assert torch.equal(out, reference)
+
+
+def test_bf16_offload_matches_bf16_resident(tiny_path):
+    ids = torch.randint(0, 500, (1, 30), generator=torch.Generator().manual_seed(2))
+    resident = OledLLaDA2ForDiffusionLM.from_pretrained(tiny_path, dtype=torch.bfloat16).eval()
+    model = OledLLaDA2ForDiffusionLM.from_pretrained(tiny_path, dtype=torch.bfloat16,
+                                                     offload_config=OffloadConfig(cache_size=5)).eval()
+    assert model._offload_runtime.store.dtype == torch.bfloat16
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, resident(ids).logits)
+    assert torch.equal(model.generate(ids, max_new_tokens=16, block_length=8),
+                       resident.generate(ids, max_new_tokens=16, block_length=8))
