@@ -80,7 +80,8 @@ def demo(args: argparse.Namespace) -> int:
               f"{float(out.tokens_per_forward[0]):.2f} tokens per forward")
     total = offloaded.offload_stats()["total"]
     print("\n                     resident   offloaded")
-    print(f"time per token       {1e3 * times['resident'] / tokens:7.2f} ms  {1e3 * times['offloaded'] / tokens:7.2f} ms")
+    per_token = {name: 1e3 * seconds / tokens for name, seconds in times.items()}
+    print(f"time per token       {per_token['resident']:7.2f} ms  {per_token['offloaded']:7.2f} ms")
     print(f"expert hit rate           -     {total['hit_rate']:7.3f}")
     print(f"bytes copied              -     {total['bytes_copied'] / 2**20:7.2f} MiB")
     print(f"CPU expert-tokens         -     {total['cpu_expert_tokens']:7d}")
