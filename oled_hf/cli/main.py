@@ -10,9 +10,9 @@ import argparse
 import os
 import sys
 
-from . import benchmark, checkpoints, demo, trace
+from . import benchmark, chat, checkpoints, demo, serve, trace
 
-COMMAND_MODULES = [checkpoints, demo, trace, benchmark]
+COMMAND_MODULES = [checkpoints, demo, chat, serve, trace, benchmark]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,125 @@
+"""``oled-moe serve``: an OpenAI-compatible HTTP server (chat and text completions, SSE streaming)."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import sys
+
+API_KEY_ENV = "OLED_MOE_API_KEY"
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """Loading and decoding options shared by ``chat`` and ``serve``."""
+    from ..offload.config import KNOWN_POLICIES
+
+    p.add_argument("--model", default=None,
+                   help="checkpoint folder (default: the trained toy checkpoint, when available)")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, or auto (cuda when available)")
+    p.add_argument("--cache-size", type=int, default=None,
+                   help="offload experts, keeping this many expert slots per MoE layer on the device")
+    p.add_argument("--policy", choices=KNOWN_POLICIES, default=None,
+                   help="expert-cache retention policy (with --cache-size; default oled)")
+    p.add_argument("--block-length", type=int, default=None,
+                   help="diffusion block length (default: the checkpoint's generation_config)")
+    p.add_argument("--threshold", type=float, default=None,
+                   help="confidence threshold to commit a token (default: the checkpoint's generation_config)")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve one model over an OpenAI-compatible HTTP API (streams block by block)")
+    add_model_arguments(p)
+    p.add_argument("--served-model-name", default=None, help="model name clients use (default: the folder name)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--default-max-tokens", type=int, default=256,
+                   help="completion length when a request gives no max_tokens")
+    p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+                   help=f"require 'Authorization: Bearer KEY' on /v1 and /metrics (default: ${API_KEY_ENV})")
+    p.add_argument("--max-queue", type=int, default=16,
+                   help="requests allowed to wait for the model; more are answered 429 at once")
+    p.add_argument("--insecure", action="store_true",
+                   help="allow a non-loopback --host without --api-key")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.set_defaults(func=serve)
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to any interface
+        return False
+
+
+def check_options(args: argparse.Namespace) -> str | None:
+    """Why these options must not start a server, or None."""
+    if not is_loopback(args.host) and not args.api_key and not args.insecure:
+        return (f"refusing to listen on {args.host} without --api-key: anyone who can reach this address could "
+                "use the model. Pass --api-key KEY (clients then send 'Authorization: Bearer KEY'), bind to "
+                "127.0.0.1, or add --insecure to serve without authentication anyway.")
+    if not 0 <= args.port <= 65535:
+        return f"--port {args.port} is invalid: must be in 0..65535"
+    if args.max_queue < 1:
+        return f"--max-queue {args.max_queue} is invalid: must be at least 1"
+    if args.default_max_tokens < 1:
+        return f"--default-max-tokens {args.default_max_tokens} is invalid: must be at least 1"
+    if args.block_length is not None and args.block_length < 1:
+        return f"--block-length {args.block_length} is invalid: must be at least 1"
+    if args.threshold is not None and not 0.0 <= args.threshold <= 1.0:
+        return f"--threshold {args.threshold} is invalid: must be between 0 and 1"
+    return None
+
+
+def serve(args: argparse.Namespace) -> int:
+    problem = check_options(args)
+    if problem:
+        print(f"oled-moe serve: error: {problem}", file=sys.stderr)
+        return 2
+    try:
+        import uvicorn
+
+        from ..serve.app import create_app
+    except ImportError as err:
+        print(f"oled-moe serve: error: {err.name} is missing; install the server extras: "
+              "pip install 'oled-hf[serve]'", file=sys.stderr)
+        return 2
+    from pathlib import Path
+
+    from ..serve.engine import Engine, load_model, resolve_model_path
+
+    path = resolve_model_path(args.model)
+    name = args.served_model_name or Path(path).resolve().name
+    model, tokenizer = load_model(path, device=args.device, cache_size=args.cache_size, policy=args.policy)
+    engine = Engine(model, tokenizer, max_queue=args.max_queue, default_max_tokens=args.default_max_tokens,
+                    block_length=args.block_length, threshold=args.threshold)
+    app = create_app(engine, name, api_key=args.api_key)
+    offload = "on" if args.cache_size is not None else "off"
+    print(f"oled-moe serve: model '{name}' from {path} on {model.device} (offloading {offload}); "
+          f"OpenAI API at http://{args.host}:{args.port}/v1"
+          f"{' (API key required)' if args.api_key else ''}", file=sys.stderr, flush=True)
+    try:
+        # open streams get a few seconds to finish on Ctrl-C; then they are cut (and their generation aborted)
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+    finally:
+        engine.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``serve`` on its own (``python -m oled_hf.cli.serve --model ./tiny``), as ``oled-moe serve`` would."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    parser = argparse.ArgumentParser(prog="oled-moe")
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["serve", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"oled-moe serve: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,251 @@
+"""OpenAI request bodies -> validated, typed requests; every rejection is an :class:`APIError`.
+
+Validation is by hand rather than through pydantic models so that each message names the field
+(``param``) the way OpenAI's own errors do, and so that wrong types (``"max_tokens": "5"``,
+``true`` for an integer) are refused instead of coerced. Fields the server cannot honour in a way
+that changes the answer (``n > 1``, several prompts, ``logprobs``, tools) are refused; harmless
+unknown fields (``user``, ``metadata``, penalties...) are ignored, as most OpenAI-compatible
+servers do.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+ROLES = ("system", "developer", "user", "assistant")
+MAX_STOP_SEQUENCES = 4
+
+
+class APIError(Exception):
+    """An error answered as ``{"error": {"message", "type", "param", "code"}}``."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.type = status, message, param, code, type
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+@dataclass
+class GenerationOptions:
+    """What both endpoints share: sampling, length, stop sequences and the diffusion knobs."""
+
+    model: str | None = None
+    stream: bool = False
+    include_usage: bool = False
+    max_tokens: int | None = None
+    stop: list[str] = field(default_factory=list)
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    block_length: int | None = None
+    threshold: float | None = None
+
+
+@dataclass
+class ChatRequest(GenerationOptions):
+    messages: list[dict[str, str]] = field(default_factory=list)
+
+
+@dataclass
+class CompletionRequest(GenerationOptions):
+    prompt: str | list[int] = ""
+
+
+def parse_json(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise bad(f"the request body is not valid JSON ({err})", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise bad(f"the request body must be a JSON object, got {type(body).__name__}", code="invalid_json")
+    return body
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _opt_int(body: dict, name: str, low: int, high: int | None = None) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not _is_int(value):
+        raise bad(f"'{name}' must be an integer, got {json.dumps(value)}", param=name, code="invalid_type")
+    if value < low or (high is not None and value > high):
+        upper = f" and at most {high}" if high is not None else ""
+        raise bad(f"'{name}' must be at least {low}{upper}, got {value}", param=name, code="invalid_value")
+    return value
+
+
+def _opt_number(body: dict, name: str, low: float, high: float, low_open: bool = False) -> float | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not _is_number(value):
+        raise bad(f"'{name}' must be a number, got {json.dumps(value)}", param=name, code="invalid_type")
+    if value > high or value < low or (low_open and value == low):
+        interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+        raise bad(f"'{name}' must be in {interval}, got {value}", param=name, code="invalid_value")
+    return float(value)
+
+
+def _opt_bool(body: dict, name: str) -> bool:
+    value = body.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise bad(f"'{name}' must be true or false, got {json.dumps(value)}", param=name, code="invalid_type")
+    return value
+
+
+def _stop(body: dict) -> list[str]:
+    value = body.get("stop")
+    if value is None:
+        return []
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
+        raise bad("'stop' must be a string or a list of strings", param="stop", code="invalid_type")
+    if len(items) > MAX_STOP_SEQUENCES:
+        raise bad(f"'stop' takes at most {MAX_STOP_SEQUENCES} sequences, got {len(items)}", param="stop",
+                  code="invalid_value")
+    return [s for s in items if s]
+
+
+def _refuse_unsupported(body: dict) -> None:
+    n = body.get("n")
+    if n is not None and (not _is_int(n) or n != 1):
+        raise bad(f"'n' must be 1: this server returns one choice per request (got {json.dumps(n)})", param="n",
+                  code="unsupported_value")
+    best_of = body.get("best_of")
+    if best_of is not None and best_of != 1:
+        raise bad("'best_of' must be 1: this server returns one choice per request", param="best_of",
+                  code="unsupported_value")
+    for name in ("logprobs", "top_logprobs", "echo", "suffix"):
+        if body.get(name) not in (None, False, 0, ""):
+            raise bad(f"'{name}' is not supported by this server", param=name, code="unsupported_parameter")
+    for name in ("tools", "functions"):
+        if body.get(name):
+            raise bad(f"'{name}' is not supported by this server (no tool calling)", param=name,
+                      code="unsupported_parameter")
+
+
+def _options(body: dict, out: GenerationOptions) -> None:
+    _refuse_unsupported(body)
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad("'model' must be a string", param="model", code="invalid_type")
+    out.model = model
+    out.stream = _opt_bool(body, "stream")
+    options = body.get("stream_options")
+    if options is not None:
+        if not isinstance(options, dict):
+            raise bad("'stream_options' must be an object", param="stream_options", code="invalid_type")
+        out.include_usage = _opt_bool(options, "include_usage")
+    limit = _opt_int(body, "max_completion_tokens", 1)
+    out.max_tokens = _opt_int(body, "max_tokens", 1) if limit is None else limit
+    out.stop = _stop(body)
+    out.temperature = _opt_number(body, "temperature", 0.0, 2.0)
+    out.top_p = _opt_number(body, "top_p", 0.0, 1.0, low_open=True)
+    out.seed = _opt_int(body, "seed", -(2**63))
+    out.block_length = _opt_int(body, "block_length", 1)
+    out.threshold = _opt_number(body, "threshold", 0.0, 1.0)
+
+
+def _content(message: dict, i: int) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if content is None and message.get("role") == "assistant":
+        return ""
+    if isinstance(content, list):  # content parts: only text can be fed to a text model
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise bad(f"messages[{i}].content: only text parts are supported", param=f"messages[{i}].content",
+                          code="invalid_value")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise bad(f"messages[{i}].content must be a string or a list of text parts", param=f"messages[{i}].content",
+              code="invalid_type")
+
+
+def parse_chat(body: dict[str, Any]) -> ChatRequest:
+    out = ChatRequest()
+    messages = body.get("messages")
+    if messages is None:
+        raise bad("'messages' is required", param="messages", code="missing_required_parameter")
+    if not isinstance(messages, list) or not messages:
+        raise bad("'messages' must be a non-empty list of {role, content} objects", param="messages",
+                  code="invalid_type")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise bad(f"messages[{i}] must be an object", param=f"messages[{i}]", code="invalid_type")
+        role = message.get("role")
+        if role not in ROLES:
+            raise bad(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {json.dumps(role)}",
+                      param=f"messages[{i}].role", code="invalid_value")
+        role = "system" if role == "developer" else role
+        if role == "system" and i > 0:
+            raise bad(f"messages[{i}]: a system message is only allowed first", param=f"messages[{i}].role",
+                      code="invalid_value")
+        out.messages.append({"role": role, "content": _content(message, i)})
+    _options(body, out)
+    return out
+
+
+def parse_completion(body: dict[str, Any]) -> CompletionRequest:
+    out = CompletionRequest()
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise bad("'prompt' is required", param="prompt", code="missing_required_parameter")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+        out.prompt = list(prompt)
+    elif isinstance(prompt, str):
+        out.prompt = prompt
+    elif isinstance(prompt, list) and len(prompt) > 1:
+        raise bad("'prompt' must be a single prompt: batches of prompts are not supported", param="prompt",
+                  code="unsupported_value")
+    else:
+        raise bad("'prompt' must be a string or a list of token ids", param="prompt", code="invalid_type")
+    if not out.prompt:
+        raise bad("'prompt' must not be empty: diffusion decoding needs a prompt", param="prompt",
+                  code="invalid_value")
+    _options(body, out)
+    return out
+
+
+def resolve_max_tokens(prompt_tokens: int, requested: int | None, default: int, block_length: int, context: int,
+                       prompt_param: str) -> int:
+    """The completion budget: requested (checked against the context) or the default (capped to fit)."""
+    if prompt_tokens > context:
+        raise bad(f"the prompt has {prompt_tokens} tokens, more than the model's context of {context} tokens",
+                  param=prompt_param, code="context_length_exceeded")
+    # The decoder works on whole blocks: prompt + completion rounded up to a block must fit.
+    allowed = context // block_length * block_length - prompt_tokens
+    if allowed < 1:
+        raise bad(f"the prompt has {prompt_tokens} tokens, which leaves no room for a completion in the model's "
+                  f"context of {context} tokens (blocks of {block_length})", param=prompt_param,
+                  code="context_length_exceeded")
+    if requested is None:
+        return min(default, allowed)
+    if requested > allowed:
+        raise bad(f"'max_tokens' is {requested}, but the prompt has {prompt_tokens} tokens and the context is "
+                  f"{context} tokens (blocks of {block_length}): at most {allowed} tokens can be generated",
+                  param="max_tokens", code="context_length_exceeded")
+    return requested
