@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import re
 import time
 from pathlib import Path
 
-DEFAULT_PROMPTS = ["What is 12+34?", "Tell me about the sea."]
+DEFAULT_PROMPTS = ["What is 123+456?", "Tell me about the sea."]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,6 +21,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cache-ratio", type=float, default=0.4, help="fraction of routed-expert bytes on the device")
     p.add_argument("--policy", default="oled")
     p.set_defaults(func=demo)
+
+
+def _check_sum(prompt: str, answer: str) -> str:
+    """For the toy model's addition prompts, say whether the answer is right."""
+    m = re.fullmatch(r"What is (\d+)\+(\d+)\?", prompt.strip())
+    if m is None:
+        return ""
+    return "  (correct)" if answer.strip() == str(int(m.group(1)) + int(m.group(2))) else "  (wrong)"
 
 
 def default_model_and_prompts() -> tuple[Path, list[str] | None]:
@@ -75,7 +84,7 @@ def demo(args: argparse.Namespace) -> int:
         same &= torch.equal(out.sequences, outs["resident"].sequences)
         tokens += out.sequences.shape[1] - inputs["input_ids"].shape[1]
         answer = tok.decode(out.sequences[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
-        print(f"\nuser: {prompt}\nassistant: {answer!r}")
+        print(f"\nuser: {prompt}\nassistant: {answer!r}{_check_sum(prompt, answer)}")
         print(f"  {int(out.iterations[0])} iterations over {int(out.blocks[0])} blocks, "
               f"{float(out.tokens_per_forward[0]):.2f} tokens per forward")
     total = offloaded.offload_stats()["total"]

@@ -1,0 +1,79 @@
+"""The toy task's tokenizer: byte-level BPE where every digit is its own token.
+
+A real ``tokenizer.json`` (loads with ``AutoTokenizer``) with LLaDA2's six special tokens at the
+top of the vocab in the same order as ``oled_hf.checkpoints.tokenizer`` and LLaDA2's chat
+template. A ``Digits(individual_digits=True)`` pre-tokenizer runs before ByteLevel, so numbers are
+always split into single-digit tokens; BPE is trained on the chat frame and the question words
+only, so each frame word ("SYSTEM", " thinking", "What", ...) is one token and the prompt stays
+short. Training has no randomness: the same corpus always yields the same file.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from ..checkpoints.tokenizer import (
+    BOS_TOKEN,
+    CHAT_TEMPLATE,
+    EOS_TOKEN,
+    MASK_TOKEN,
+    ROLE_CLOSE_TOKEN,
+    ROLE_END_TOKEN,
+    ROLE_OPEN_TOKEN,
+    SPECIAL_TOKENS,
+)
+
+# Every word the chat frame and the questions use; repeated so each merge clears min_frequency.
+_WORDS = ("SYSTEM", "HUMAN", "ASSISTANT", "detailed thinking off", "What is 0+0?")
+_CORPUS_REPEATS = 4
+
+
+def _corpus() -> list[str]:
+    return [line for _ in range(_CORPUS_REPEATS) for line in _WORDS]
+
+
+def train_toy_bpe() -> Tokenizer:
+    """Byte-level BPE with single-digit numbers, then the special tokens at ids V-6 .. V-1."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=4096,  # never reached: training stops when every corpus word is one token
+        min_frequency=2,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[],
+    )
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    base = tok.get_vocab_size()
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    for offset, token in enumerate(SPECIAL_TOKENS):
+        assert tok.token_to_id(token) == base + offset, (token, tok.token_to_id(token))
+    return tok
+
+
+def build_toy_tokenizer(out_dir: str | os.PathLike):
+    """Save the toy tokenizer (tokenizer.json, tokenizer_config.json, chat template) and reload it."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=train_toy_bpe(),
+        bos_token=BOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        pad_token=EOS_TOKEN,
+        mask_token=MASK_TOKEN,
+        extra_special_tokens=[ROLE_CLOSE_TOKEN, ROLE_OPEN_TOKEN, ROLE_END_TOKEN],
+        clean_up_tokenization_spaces=False,
+        add_bos_token=False,
+        add_eos_token=False,
+    )
+    wrapped.chat_template = CHAT_TEMPLATE
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    wrapped.save_pretrained(str(out))
+    return AutoTokenizer.from_pretrained(str(out))

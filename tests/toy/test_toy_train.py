@@ -1,0 +1,116 @@
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+from transformers import AutoModelForCausalLM
+
+import oled_hf  # noqa: F401  (registers the Auto classes)
+from oled_hf.modeling import OledLLaDA2ForDiffusionLM
+from oled_hf.modeling.experts import RESIDENT_EXECUTOR
+from oled_hf.toy import data, train_toy
+from oled_hf.toy.tokenizer import build_toy_tokenizer
+from oled_hf.toy.train import (
+    GroupedTrainingExecutor,
+    LoopTrainingExecutor,
+    diffusion_batch,
+    set_executor,
+    toy_config,
+    training_executor,
+    update_expert_bias,
+)
+
+# Every structural feature (dense layer 0, grouped routing, shared expert, QK-norm, partial RoPE), tiny.
+MICRO = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+             rotary_dim=8, intermediate_size=64, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
+             n_group=4, topk_group=2)
+FAST = dict(batch_size=32, eval_n=0, log_every=0, eval_every=0, warmup=5, model_overrides=MICRO, minutes=None)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return build_toy_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+def _state_equal(a, b):
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_training_lowers_loss(tmp_path):
+    report = train_toy(tmp_path, seed=0, steps=40, save=False, lr=1e-2, **FAST)
+    assert report["steps"] == 40
+    model = report["model"]
+    assert all(b.experts_executor is RESIDENT_EXECUTOR for b in model.moe_blocks())
+    assert report["loss_last_10"] < 0.6 * report["loss_first_10"]
+    assert float(model.moe_blocks()[0].gate.expert_bias.abs().max()) > 0  # balancing ran
+
+
+def test_same_seed_same_weights(tmp_path):
+    a = train_toy(tmp_path / "a", seed=1, steps=6, save=False, **FAST)["model"]
+    b = train_toy(tmp_path / "b", seed=1, steps=6, save=False, **FAST)["model"]
+    c = train_toy(tmp_path / "c", seed=2, steps=6, save=False, **FAST)["model"]
+    assert _state_equal(a, b)
+    assert not _state_equal(a, c)
+
+
+def test_diffusion_batch_masks_only_answers(tokenizer):
+    enc = data.ToyEncoding.from_tokenizer(tokenizer)
+    clean, noised, masked, t, p = diffusion_batch(enc, 256, 32, torch.Generator().manual_seed(0))
+    assert torch.equal(noised[:, :p], clean[:, :p])
+    assert torch.equal(noised[:, p:] == enc.mask, masked)
+    assert bool((t > 0).all()) and bool((t <= 1).all())
+    rate = masked.float().mean(dim=1)
+    assert abs(float(rate.mean() - t.mean())) < 0.05
+
+
+def test_training_executors_match_resident(tokenizer):
+    torch.manual_seed(0)
+    model = OledLLaDA2ForDiffusionLM(toy_config(tokenizer, **MICRO)).eval()
+    with torch.no_grad():
+        for block in model.moe_blocks():
+            block.gate.weight.normal_(0, 0.5)
+    enc = data.ToyEncoding.from_tokenizer(tokenizer)
+    x = diffusion_batch(enc, 8, 32, torch.Generator().manual_seed(1))[1]
+    outs = []
+    for executor in (RESIDENT_EXECUTOR, LoopTrainingExecutor(), training_executor()):
+        set_executor(model, executor)
+        with torch.no_grad():
+            outs.append(model(input_ids=x, block_length=8).logits)
+    assert torch.equal(outs[0], outs[1])
+    torch.testing.assert_close(outs[0], outs[2], rtol=0, atol=1e-5)
+    if isinstance(training_executor(), GroupedTrainingExecutor):  # gradients agree too
+        grads = []
+        for executor in (LoopTrainingExecutor(), GroupedTrainingExecutor()):
+            set_executor(model, executor)
+            model.zero_grad()
+            model(input_ids=x, block_length=8).logits.square().mean().backward()
+            grads.append(model.moe_blocks()[0].experts[0].up_proj.weight.grad.clone())
+        torch.testing.assert_close(grads[0], grads[1], rtol=1e-5, atol=1e-7)
+
+
+def test_bias_update_moves_toward_balance(tokenizer):
+    model = OledLLaDA2ForDiffusionLM(toy_config(tokenizer, **MICRO))
+    ids = torch.zeros(1, 10, 2, dtype=torch.long)  # every token picks experts 0 and 1
+    ids[..., 1] = 1
+    update_expert_bias(model, [(None, ids)], rate=0.01)
+    bias = model.moe_blocks()[0].gate.expert_bias
+    assert bias[0] == bias[1] == pytest.approx(-0.01)
+    assert bool((bias[2:] == 0.01).all())
+
+
+def test_saved_micro_checkpoint_layout(tmp_path):
+    report = train_toy(tmp_path, seed=0, steps=2, save=True, **FAST)
+    with safe_open(tmp_path / "model.safetensors", "pt") as f:  # the micro model fits one shard
+        names = set(f.keys())
+        assert f.get_tensor("model.layers.1.mlp.gate.expert_bias").dtype == torch.float32
+    assert "model.layers.1.mlp.experts.7.down_proj.weight" in names
+    assert "model.layers.0.mlp.gate_proj.weight" in names and "lm_head.weight" in names
+    gen = json.loads((tmp_path / "generation_config.json").read_text())
+    tok = build_toy_tokenizer(tmp_path / "tok")
+    assert gen["mask_token_id"] == tok.mask_token_id and gen["eos_token_id"] == tok.eos_token_id
+    assert gen["block_length"] == 8 and gen["threshold"] == 0.9 and gen["do_sample"] is False
+    assert json.loads((tmp_path / "toy_report.json").read_text())["steps"] == 2
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert isinstance(loaded, OledLLaDA2ForDiffusionLM)
+    assert _state_equal(loaded, report["model"])
