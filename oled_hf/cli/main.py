@@ -11,8 +11,9 @@ import os
 import sys
 
 from . import benchmark, chat, checkpoints, demo, serve, trace
+from . import eval as eval_cmd
 
-COMMAND_MODULES = [checkpoints, demo, chat, serve, trace, benchmark]
+COMMAND_MODULES = [checkpoints, demo, chat, serve, trace, benchmark, eval_cmd]
 
 
 def build_parser() -> argparse.ArgumentParser:

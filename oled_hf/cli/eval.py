@@ -1,0 +1,104 @@
+"""``oled-moe eval``: lm-eval tasks on a LLaDA2 checkpoint (optionally offloaded), offline.
+
+    oled-moe eval --model M --tasks toy_addition,toy_addition_mc [--model-args cache_size=20,policy=oled]
+                  [--limit N] [--batch-size B] [--output-path P]
+
+The model is lm-eval's ``oled_llada2`` (``oled_hf.evaluation.lm_eval_adapter``); tasks come from the
+repository's ``eval/tasks`` (plus ``--include-path``) and from lm-eval itself. The hub is off
+unless HF_HUB_OFFLINE / HF_DATASETS_OFFLINE are exported as 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval", help="run lm-eval tasks (offline) on a checkpoint, optionally with offloaded experts",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="checkpoint folder (default: the trained toy model if shipped)")
+    p.add_argument("--tasks", required=True, help="comma-separated task names (toy_addition, toy_addition_mc, "
+                   "gsm8k_local, any lm-eval task)")
+    p.add_argument("--model-args", default="", help="k=v,... for the oled_llada2 model: offloading (cache_size | "
+                   "cache_ratio, policy, cpu_compute, ...), decoding (block_length, threshold, steps), likelihood "
+                   "(mc_num, mc_seed, mc_attention, mc_batch_size), dtype, device, max_length")
+    p.add_argument("--limit", type=float, default=None, help="examples per task (a fraction if < 1)")
+    p.add_argument("--batch-size", type=int, default=1, help="prompts per generate call / requests per forward")
+    p.add_argument("--output-path", default=None, help="write the results as JSON (a .json file, or a folder)")
+    p.add_argument("--include-path", action="append", default=[], help="extra folder of task YAMLs (repeatable)")
+    p.add_argument("--num-fewshot", type=int, default=None)
+    p.add_argument("--gen-kwargs", default=None, help="k=v,... overriding the tasks' generation_kwargs")
+    p.add_argument("--apply-chat-template", action="store_true",
+                   help="wrap prompts in the model's chat template (stock tasks; the toy tasks embed it already)")
+    p.add_argument("--log-samples", action="store_true", help="keep per-example outputs in --output-path")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if available)")
+    p.add_argument("--seed", type=int, default=0, help="lm-eval's python/numpy/torch/few-shot seeds")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.set_defaults(func=run)
+
+
+def default_model() -> Path:
+    from ..toy import TOY_CHECKPOINT
+
+    if (Path(TOY_CHECKPOINT) / "config.json").is_file():
+        return Path(TOY_CHECKPOINT)
+    raise ValueError(f"no --model given and the toy checkpoint is not built ({TOY_CHECKPOINT}); pass --model PATH")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..evaluation.runner import go_offline
+
+    go_offline()  # before lm-eval / datasets are imported
+    try:
+        from lm_eval.utils import make_table
+    except ImportError as err:
+        raise ValueError(f"oled-moe eval needs lm-eval ({err}); install it with: pip install 'oled-hf[eval]'") from err
+
+    from ..evaluation.runner import evaluate, format_offload, make_lm, parse_model_args
+    from ..evaluation.tasks import default_tasks_dir
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    model = Path(args.model) if args.model else default_model()
+    if not (model / "config.json").is_file():
+        raise FileNotFoundError(f"--model {model}: no checkpoint there (config.json missing)")
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if not tasks:
+        raise ValueError("--tasks is empty")
+    include = [default_tasks_dir()] + [Path(p) for p in args.include_path]
+    limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
+    model_args = parse_model_args(args.model_args)
+    start = time.perf_counter()
+    lm = make_lm(str(model), model_args, batch_size=args.batch_size, device=args.device)
+    results = evaluate(lm, tasks, include_paths=include, limit=limit, num_fewshot=args.num_fewshot,
+                       gen_kwargs=args.gen_kwargs, apply_chat_template=args.apply_chat_template,
+                       log_samples=args.log_samples, seed=args.seed)
+    elapsed = time.perf_counter() - start
+    results["config"]["model_args"] = args.model_args
+    print(f"oled_llada2 ({model}), model_args: {args.model_args or '-'}, limit: {limit}, "
+          f"batch size: {args.batch_size}, {elapsed:.1f} s")
+    print(make_table(results))
+    if results.get("groups"):
+        print(make_table(results, "groups"))
+    stats = results["config"].get("offload")
+    if stats is not None:
+        print(format_offload(stats))
+    if args.output_path:
+        path = _write(results, Path(args.output_path), model)
+        print(f"results written to {path}")
+    return 0
+
+
+def _write(results: dict, out: Path, model: Path) -> Path:
+    if out.suffix != ".json":
+        out.mkdir(parents=True, exist_ok=True)
+        out = out / f"results_{model.name}_{time.strftime('%Y%m%dT%H%M%S')}.json"
+    else:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2, default=str))
+    return out

@@ -1,0 +1,92 @@
+"""``oled-moe eval`` offline end to end, task path resolution, the committed toy data."""
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from oled_hf.cli import eval as eval_cli
+from oled_hf.evaluation.tasks import default_tasks_dir, load_task_config, task_spec, toy_data_dir, write_toy_data
+from oled_hf.toy import TOY_CHECKPOINT
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(argv):
+    parser = argparse.ArgumentParser(prog="oled-moe")
+    eval_cli.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["eval", *argv])
+    return args.func(args)
+
+
+def test_eval_cli_prints_table_from_any_cwd(tiny_path, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # data paths must not depend on the working directory
+    out = tmp_path / "res.json"
+    code = _run(["--model", str(tiny_path), "--tasks", "toy_addition", "--limit", "8", "--batch-size", "4",
+                 "--output-path", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0
+    assert "|toy_addition|" in printed.replace(" ", "") and "exact_match" in printed
+    saved = json.loads(out.read_text())
+    assert saved["results"]["toy_addition"]["exact_match,none"] == 0.0  # random weights: gibberish
+    assert saved["n-samples"]["toy_addition"]["effective"] == 8
+
+
+def test_eval_cli_offloaded_mc_task_reports_cache(tiny_path, capsys):
+    code = _run(["--model", str(tiny_path), "--tasks", "toy_addition_mc", "--limit", "3",
+                 "--model-args", "cache_size=2,policy=lru,mc_num=4"])
+    printed = capsys.readouterr().out
+    assert code == 0
+    assert "toy_addition_mc" in printed and "acc" in printed
+    assert "offloading: policy lru" in printed and "hit rate" in printed
+
+
+def test_toy_yaml_paths_resolve_relative_to_the_yaml():
+    tasks_dir = default_tasks_dir()
+    assert tasks_dir == (ROOT / "eval" / "tasks").resolve()
+    spec = task_spec("toy_addition", [tasks_dir])
+    files = spec["dataset_kwargs"]["data_files"]
+    assert files["test"] == str(toy_data_dir(tasks_dir) / "test.jsonl") and Path(files["test"]).is_file()
+    assert task_spec("gsm8k", [tasks_dir]) == "gsm8k"  # not ours: left to lm-eval by name
+
+
+def test_gsm8k_local_needs_its_data_dir_and_includes_stock_gsm8k(tmp_path, monkeypatch):
+    monkeypatch.delenv("GSM8K_DATA_DIR", raising=False)
+    with pytest.raises(ValueError, match="GSM8K_DATA_DIR"):
+        task_spec("gsm8k_local", [default_tasks_dir()])
+    monkeypatch.setenv("GSM8K_DATA_DIR", str(tmp_path))
+    cfg = load_task_config(default_tasks_dir() / "gsm8k_local.yaml")
+    assert cfg["task"] == "gsm8k_local" and cfg["dataset_path"] == "json" and cfg["tag"] == []
+    assert cfg["dataset_kwargs"]["data_files"]["test"] == str(tmp_path / "test.jsonl")
+    assert cfg["doc_to_text"].startswith("Question:") and cfg["num_fewshot"] == 5  # from the stock gsm8k.yaml
+
+
+def test_gsm8k_local_runs_offline(tiny_path, tmp_path, monkeypatch, capsys):
+    row = {"question": "Tom has 2 apples and buys 3. How many now?", "answer": "2+3=5\n#### 5"}
+    for split in ("train", "test"):
+        (tmp_path / f"{split}.jsonl").write_text(json.dumps(row) + "\n")
+    monkeypatch.setenv("GSM8K_DATA_DIR", str(tmp_path))
+    code = _run(["--model", str(tiny_path), "--tasks", "gsm8k_local", "--limit", "1", "--num-fewshot", "0",
+                 "--gen-kwargs", "max_gen_toks=8"])
+    printed = capsys.readouterr().out
+    assert code == 0 and "gsm8k_local" in printed and "strict-match" in printed
+
+
+def test_committed_toy_data_is_what_the_writer_makes(tmp_path):
+    paths = write_toy_data(tmp_path)
+    for name, path in paths.items():
+        committed = toy_data_dir() / f"{name}.jsonl"
+        assert committed.read_bytes() == path.read_bytes(), name
+    assert len((toy_data_dir() / "test.jsonl").read_text().splitlines()) == 500
+
+
+@pytest.mark.skipif(not (Path(TOY_CHECKPOINT) / "config.json").is_file(), reason="the trained toy is not built")
+def test_eval_cli_defaults_to_the_trained_toy(capsys, tmp_path):
+    out = tmp_path / "toy.json"
+    code = _run(["--tasks", "toy_addition,toy_addition_mc", "--limit", "8", "--batch-size", "8",
+                 "--model-args", "mc_num=8", "--output-path", str(out)])
+    assert code == 0 and "toy_addition_mc" in capsys.readouterr().out
+    results = json.loads(out.read_text())["results"]
+    assert results["toy_addition"]["exact_match,none"] >= 0.75
+    assert results["toy_addition_mc"]["acc,none"] >= 0.75
