@@ -7,8 +7,13 @@ many hits an LRU cache of c slots would have had on the observed request stream,
 once, from LRU stack distances (Mattson et al.): an expert requested again after d other distinct
 experts were requested in between is a hit for every capacity > d. The marginal gain of the c-th
 slot of layer l is the number of requests at distance c-1. Slots then go where the marginal gain
-is highest. The curve is policy-independent (it describes the request stream), cheap to keep
-(one sort of 256 floats per access) and responds to phase changes through exponential decay.
+is highest. The curve is policy-independent (it describes the request stream) and responds to
+phase changes through exponential decay.
+
+Cost: ``observe`` runs once per MoE layer per forward, on the live runtime's critical path, so it
+only stores the access's token counts; the stack distances of the stored accesses are computed
+together, vectorised over accesses, when the curve is read (``target``/``propose`` at a block end)
+and added in access order, so the histogram is the same whenever a batch is folded in.
 """
 
 from __future__ import annotations
@@ -31,18 +36,38 @@ def _antitonic(gains: np.ndarray) -> np.ndarray:
     """Non-increasing least-squares fit of one layer's marginal gains (pool adjacent violators).
 
     These are the slopes of the least concave majorant of the hit curve, so the greedy below takes
-    a prefix of each layer's slots and is optimal for the concave-hull problem.
+    a prefix of each layer's slots and is optimal for the concave-hull problem. Blocks are pooled
+    left to right, each pooled value being ``(v1*w1 + v2*w2)/(w1+w2)``. Speed (this runs per layer
+    at every block end): after an element is pushed without pooling, the elements up to the next
+    increase are pushed without pooling too, so they are appended in bulk; only increases and the
+    elements right after a pooling step go through the loop.
     """
-    values: list[float] = []
-    weights: list[int] = []
-    for g in gains.tolist():
-        values.append(g)
-        weights.append(1)
-        while len(values) > 1 and values[-2] < values[-1]:
-            w = weights[-2] + weights[-1]
-            v = (values[-2] * weights[-2] + values[-1] * weights[-1]) / w
-            values[-2:] = [v]
-            weights[-2:] = [w]
+    n = gains.size
+    ups = (np.flatnonzero(gains[1:] > gains[:-1]) + 1).tolist()  # elements above their predecessor
+    if not ups:
+        return np.array(gains, dtype=np.float64)
+    ups.append(n)
+    g = gains.tolist()
+    values: list[float] = g[: ups[0]]
+    weights: list[int] = [1] * ups[0]
+    i, nxt = ups[0], 0
+    while i < n:
+        v, w, pooled = g[i], 1, False
+        while values and values[-1] < v:  # the new block violates the order: pool it with the last
+            pv, pw = values.pop(), weights.pop()
+            w_new = pw + w
+            v = (pv * pw + v * w) / w_new
+            w, pooled = w_new, True
+        values.append(v)
+        weights.append(w)
+        i += 1
+        if not pooled:  # top == g[i-1] >= g[i] >= ... up to the next increase: no pooling there
+            while ups[nxt] < i:
+                nxt += 1
+            if ups[nxt] > i:
+                values.extend(g[i : ups[nxt]])
+                weights.extend([1] * (ups[nxt] - i))
+                i = ups[nxt]
     return np.repeat(values, weights)
 
 
@@ -88,10 +113,10 @@ def allocate_capacities(
         raise ValueError(f"demand must have shape [{num_layers}] or [{num_layers}, {num_experts}], got {d.shape}")
     if spare == 0 or per_layer == 0:
         return [min_slots] * num_layers
-    cols = np.broadcast_to(np.arange(per_layer)[None, :], gains.shape)
-    rows = np.broadcast_to(np.arange(num_layers)[:, None], gains.shape)
-    order = np.lexsort((rows.ravel(), cols.ravel(), -gains.ravel()))[:spare]
-    extra = np.bincount(rows.ravel()[order], minlength=num_layers)
+    # highest gains first, ties by slot index then layer: a stable sort over the (slot, layer)-major
+    # layout breaks ties in exactly that order
+    order = np.argsort(-gains.T.ravel(), kind="stable")[:spare]
+    extra = np.bincount(order % num_layers, minlength=num_layers)
     return [int(min_slots + e) for e in extra]
 
 
@@ -102,6 +127,8 @@ class AdaptiveAllocator:
     ``warmup_accesses`` accesses per layer, and is skipped when it would move fewer than
     ``min_move_fraction`` of the slots, so the split does not thrash on noise.
     """
+
+    max_pending = 64  # stored accesses per layer before they are folded in: more than a block's forwards
 
     def __init__(
         self,
@@ -121,25 +148,84 @@ class AdaptiveAllocator:
         self.min_slots, self.damping, self.history_decay = min_slots, damping, history_decay
         self.warmup_accesses, self.min_move_fraction = warmup_accesses, min_move_fraction
         self.uniform_bias = uniform_bias
-        self.hist = np.zeros((num_layers, num_experts + 1))  # [:, E] = first-time requests
-        self._last = np.full((num_layers, num_experts), -1.0)  # access index of last request
+        self._hist = np.zeros((num_layers, num_experts + 1))  # [:, E] = first-time requests
+        self._ids = np.arange(num_experts, dtype=np.int64)
+        self._id_bits = max(int(num_experts - 1).bit_length(), 1)  # codes keep the expert id in low bits
+        # recency code of each expert's last request, see _fold (never requested: negative)
+        self._recency = np.tile(self._ids - (1 << self._id_bits), (num_layers, 1))
         self._accesses = np.zeros(num_layers, dtype=np.int64)
-        self._id_frac = np.arange(num_experts) / (num_experts + 1.0)
+        # token counts of the accesses not yet folded into the histogram, per layer (rows 0..n-1)
+        self._pending = np.zeros((num_layers, self.max_pending, num_experts), dtype=np.int32)
+        self._n_pending = [0] * num_layers
+
+    @property
+    def hist(self) -> np.ndarray:
+        """Stack-distance histogram per layer, ``[num_layers, num_experts + 1]`` (all accesses folded in)."""
+        self._fold_all()
+        return self._hist
+
+    @hist.setter
+    def hist(self, value: np.ndarray) -> None:
+        self._fold_all()
+        self._hist = value
 
     def observe(self, layer: int, counts: np.ndarray) -> None:
-        """One access of ``layer``; ``counts`` = tokens per expert (only > 0 matters)."""
-        req = np.flatnonzero(counts)
-        last = self._last[layer]
-        prev = last[req]
-        # distance = distinct experts used more recently than e's previous use (E = first use)
-        dist = self.num_experts - np.searchsorted(np.sort(last), prev, side="right")
-        dist[prev < 0] = self.num_experts
-        self.hist[layer] += np.bincount(dist, minlength=self.num_experts + 1)
-        # recency key: the access index plus a fraction < 1 that orders the access's experts as
-        # LRU breaks ties (token count, then id), so a set of n spreads over distances 0..n-1
-        c = counts[req]
-        last[req] = (c + self._id_frac[req]) * (0.5 / (float(c.max()) + 1.0)) + float(self._accesses[layer])
+        """One access of ``layer``; ``counts`` = tokens per expert (only > 0 matters). Cheap: stores a copy."""
+        n = self._n_pending[layer]
+        self._pending[layer, n] = counts
+        self._n_pending[layer] = n + 1
         self._accesses[layer] += 1
+        if n + 1 == self._pending.shape[1]:
+            self._fold(layer)
+
+    def _fold_all(self) -> None:
+        for layer in range(self.num_layers):
+            if self._n_pending[layer]:
+                self._fold(layer)
+
+    def _fold(self, layer: int) -> None:
+        """Add the stored accesses of ``layer`` to its histogram, in order.
+
+        Per access and requested expert e, the LRU stack distance is the number of experts whose
+        last request is more recent than e's (``num_experts`` on a first request). Within one
+        access LRU breaks ties by token count, then id, so a set of n spreads over distances
+        0..n-1. Recency is an integer code, increasing with (access, count, id), with the id in
+        the low bits (``code & mask``): ``(P + a*cb + count) * P + id`` for access a of this batch
+        (P = 2**id_bits >= E, cb > any count), ``rank * P + id`` for earlier requests (rank < E:
+        their order), ``id - P`` if never requested. Codes grow with time, so the state before
+        access a is a running maximum, and sorting it puts e at position ``E - 1 - distance``.
+        """
+        n, E = self._n_pending[layer], self.num_experts
+        counts = self._pending[layer, :n].astype(np.int64)
+        self._n_pending[layer] = 0
+        P, mask = 1 << self._id_bits, (1 << self._id_bits) - 1
+        req = counts > 0
+        cb = int(counts.max()) + 1
+        row_code = (P + np.arange(n, dtype=np.int64) * cb) * P
+        state = np.empty((n + 1, E), dtype=np.int64)
+        state[0] = self._recency[layer]
+        state[1:] = np.where(req, counts * P + (row_code[:, None] + self._ids), -P - 1)
+        np.maximum.accumulate(state, axis=0, out=state)  # state[a] = recency before access a
+        ranked = np.sort(state[:n], axis=1)  # least recent first
+        req_at = req.ravel()[(ranked & mask) + np.arange(0, n * E, E)[:, None]]  # is the expert there requested?
+        seen_at = ranked >= 0
+        per_access = np.empty((n, E + 1))
+        per_access[:, :E] = (req_at & seen_at)[:, ::-1]  # position j <-> distance E - 1 - j
+        per_access[:, E] = (req_at & ~seen_at).sum(axis=1)
+        hist = self._hist[layer]
+        for row in per_access:  # one addition per access, in order, as a per-access update does
+            hist += row
+        self._recency[layer] = self._dense(state[n])
+
+    def _dense(self, code: np.ndarray) -> np.ndarray:
+        """Recency codes re-based to ``rank * P + id`` (order kept; never requested stay ``id - P``)."""
+        P = 1 << self._id_bits
+        ordered = np.sort(code) & (P - 1)
+        unseen = int(np.count_nonzero(code < 0))
+        dense = self._ids - P
+        seen = ordered[unseen:]
+        dense[seen] = np.arange(self.num_experts - unseen, dtype=np.int64) * P + seen
+        return dense
 
     def target(self) -> list[int]:
         """Capacities maximising the (concave-hull) hits of the observed streams."""
@@ -159,7 +245,7 @@ class AdaptiveAllocator:
         remainder = self.total_slots - int(new.sum())
         if remainder > 0:  # largest fractional parts first, then layer index
             frac = step - new
-            new[np.lexsort((np.arange(self.num_layers), -frac))[:remainder]] += 1
+            new[np.argsort(-frac, kind="stable")[:remainder]] += 1
         new = np.clip(new, self.min_slots, self.num_experts)
         diff = self.total_slots - int(new.sum())
         while diff != 0:  # clipping changed the sum: fix towards the target, deterministically
@@ -168,7 +254,7 @@ class AdaptiveAllocator:
             l = int(np.argmax(np.where(ok, gap, -np.inf)))
             new[l] += int(np.sign(diff))
             diff -= int(np.sign(diff))
-        self.hist *= self.history_decay
+        self._hist *= self.history_decay  # target() folded every stored access in
         moved = int(np.abs(new - cur).sum()) // 2
         if moved < max(1, self.min_move_fraction * self.total_slots):
             return None

@@ -80,13 +80,18 @@ class CacheController(IterationObserver):
         self.clock += 1
 
     def plan(self, layer: int, topk_ids: Any, topk_weights: Any) -> LayerPlan:
-        """Plan one MoE layer access ([T, k] routing); updates policy, residency, stats."""
+        """Plan one MoE layer access ([T, k] routing); updates policy, residency, stats.
+
+        On the forward's critical path once per MoE layer: the routing is converted to NumPy and
+        counted once here, and everything below takes the converted arrays and the counts.
+        """
         ids = as_numpy(topk_ids)
+        weights = as_numpy(topk_weights) if self.policy.uses_weights and topk_weights is not None else topk_weights
         counts = np.bincount(ids.reshape(-1), minlength=self.num_experts)
-        self.policy.observe_access(layer, ids, topk_weights, self.clock, counts)
-        plan = self.state.plan(layer, ids, topk_weights, self.policy, self.dispatcher, counts)
+        self.policy.observe_access(layer, ids, weights, self.clock, counts)
+        plan = self.state.plan(layer, ids, weights, self.policy, self.dispatcher, counts)
         if self.allocator is not None:
-            self.allocator.observe(layer, plan.counts)
+            self.allocator.observe(layer, counts)
         return plan
 
     # ------------------------------------------------------------------ events

@@ -73,8 +73,10 @@ class CacheState:
         # free slots per layer, popped from the end (lowest slot id first)
         self._free = [list(range(int(starts[l + 1]) - 1, int(starts[l]) - 1, -1)) for l in range(self.num_layers)]
         self._slot_of: list[dict[int, int]] = [{} for _ in range(self.num_layers)]
-        self._resident = np.zeros((self.num_layers, self.num_experts), dtype=bool)
-        self._unhit = np.zeros((self.num_layers, self.num_experts), dtype=bool)  # copied, not yet hit
+        # per layer and expert: [0] resident, [1] copied and not hit since (one array: a copy or an
+        # eviction updates both flags in one operation)
+        self._flags = np.zeros((self.num_layers, 2, self.num_experts), dtype=bool)
+        self._resident, self._unhit = self._flags[:, 0], self._flags[:, 1]
         self.stats = CacheStats(self.num_layers)
 
     # ------------------------------------------------------------------ queries
@@ -108,38 +110,68 @@ class CacheState:
             policy.set_capacities(self.capacities)
         if counts is None:
             counts = np.bincount(as_numpy(topk_ids).reshape(-1), minlength=self.num_experts)
-        req = np.flatnonzero(counts)
-        res = self._resident[layer]
-        hit_mask = res[req]
+        req = counts.nonzero()[0]
+        hit_mask = self._resident[layer][req]
         hits = req[hit_mask]
         misses = req[~hit_mask]
-        copies_e, cpu_e = misses, misses[:0]
-        if misses.size and dispatcher.cpu_enabled:
-            adm = policy.admission(layer)
-            copy_mask = dispatcher.decide(
-                counts[misses],
-                policy.reuse_array(layer)[misses],
-                None if adm is None else adm[misses],
-                self.capacities[layer] - hits.size,
-                counts[hits],
-            )
-            copies_e, cpu_e = misses[copy_mask], misses[~copy_mask]
         hits_l = hits.tolist()
+        n_hits = len(hits_l)
+        total_tokens = int(np.add.reduce(counts))
+        copies_e, cpu_l, cpu_tokens = misses, [], 0
+        if misses.size and dispatcher.cpu_enabled:
+            copies_e, cpu_l, cpu_tokens = self._split_misses(
+                layer, misses, counts, n_hits, total_tokens, policy, dispatcher
+            )
         slot_of_layer = self._slot_of[layer]
-        plan_slots = {e: slot_of_layer[e] for e in hits_l}
-        self._unhit[layer][hits] = False
+        plan_slots = dict(zip(hits_l, map(slot_of_layer.__getitem__, hits_l)))
+        if n_hits:
+            self._unhit[layer][hits] = False
         copies = self._place(layer, copies_e, counts, hits_l, policy, plan_slots) if copies_e.size else []
 
         st = self.stats
         st.accesses[layer] += 1
-        st.hits[layer] += len(hits_l)
+        st.hits[layer] += n_hits
         st.misses[layer] += int(misses.size)
         st.copies[layer] += len(copies)
         st.bytes_copied[layer] += len(copies) * self.expert_bytes
-        st.cpu_experts[layer] += int(cpu_e.size)
-        st.cpu_expert_tokens[layer] += int(counts[cpu_e].sum())
-        st.gpu_expert_tokens[layer] += int(counts[hits].sum() + counts[copies_e].sum())
-        return LayerPlan(hits_l, copies, cpu_e.tolist(), plan_slots, layer, counts)
+        st.cpu_experts[layer] += len(cpu_l)
+        st.cpu_expert_tokens[layer] += cpu_tokens
+        st.gpu_expert_tokens[layer] += total_tokens - cpu_tokens  # every routed token runs somewhere
+        return LayerPlan(hits_l, copies, cpu_l, plan_slots, layer, counts)
+
+    def _split_misses(
+        self,
+        layer: int,
+        misses: np.ndarray,
+        counts: np.ndarray,
+        n_hits: int,
+        total_tokens: int,
+        policy: CachePolicy,
+        dispatcher: Dispatcher,
+    ) -> tuple[np.ndarray, list[int], int]:
+        """Misses to copy, misses to compute on the CPU and the CPU's tokens (the dispatcher's rule).
+
+        When the policy admits none of the misses the rule sends them all to the CPU; that case
+        skips ranking them (and the policy's reuse prediction).
+        """
+        miss_tokens = counts[misses]
+        adm = policy.admission(layer)
+        admitted = None if adm is None else adm[misses]
+        if admitted is not None and not np.count_nonzero(admitted):
+            return misses[:0], misses.tolist(), int(np.add.reduce(miss_tokens))
+        hit_tokens = total_tokens - int(np.add.reduce(miss_tokens))
+        copy_mask = dispatcher.split(
+            miss_tokens,
+            policy.reuse_of(layer, misses),
+            admitted,
+            self.capacities[layer] - n_hits,
+            n_hits,
+            float(hit_tokens),
+        )
+        if np.count_nonzero(copy_mask) == misses.size:
+            return misses, [], 0
+        on_cpu = ~copy_mask
+        return misses[copy_mask], misses[on_cpu].tolist(), int(np.add.reduce(miss_tokens[on_cpu]))
 
     def _place(
         self,
@@ -152,18 +184,20 @@ class CacheState:
     ) -> list[tuple[int, int, int | None]]:
         """Assign slots to the copies (ascending priority) and evict as the module rules say."""
         prio = policy.priority_array(layer)
-        copies_e = copies_e[np.argsort(prio[copies_e], kind="stable")]  # ids ascending: ties by id
+        order = copies_e[np.argsort(prio[copies_e], kind="stable")].tolist()  # ids ascending: ties by id
         free = self._free[layer]
         victims: list[int] = []
-        need = copies_e.size - len(free)
+        need = len(order) - len(free)
         if need > 0:
-            cand = np.flatnonzero(self._resident[layer] & (counts == 0))
+            cand = (self._resident[layer] & (counts == 0)).nonzero()[0]
             victims = cand[np.argsort(prio[cand], kind="stable")][:need].tolist()
         slot_of_layer = self._slot_of[layer]
         computed: list[tuple[float, int]] | None = None
+        pl: list[float] = []
         copies: list[tuple[int, int, int | None]] = []
+        evicted_all: list[int] = []
         vi = 0
-        for e in copies_e.tolist():
+        for e in order:
             evicted: int | None = None
             if free:
                 slot = free.pop()
@@ -178,16 +212,48 @@ class CacheState:
                         heapq.heapify(computed)
                     evicted = heapq.heappop(computed)[1]
                 slot = slot_of_layer.pop(evicted)
-                self._evict(layer, evicted)
+                evicted_all.append(evicted)
             slot_of_layer[e] = slot
-            self._resident[layer, e] = True
-            self._unhit[layer, e] = True
-            self.slot_expert[slot] = e
             plan_slots[e] = slot
             copies.append((e, slot, evicted))
             if computed is not None:
-                heapq.heappush(computed, (float(prio[e]), e))
+                heapq.heappush(computed, (pl[e], e))
+        self._apply_copies(layer, order, copies, evicted_all, streamed=computed is not None)
         return copies
+
+    def _apply_copies(
+        self,
+        layer: int,
+        new: list[int],
+        copies: list[tuple[int, int, int | None]],
+        evicted: list[int],
+        streamed: bool,
+    ) -> None:
+        """Residency flags, slot table and eviction counters after one access's copies, in bulk.
+
+        Equivalent to updating them copy by copy: a copied expert (``new``, in copy order) ends
+        resident and not yet hit unless a later copy of the same access streamed through its slot;
+        an evicted expert is dead on arrival if it was copied (in this access or earlier) and never
+        hit since.
+        """
+        flags = self._flags[layer]
+        if evicted:
+            if streamed:
+                fresh = set(new)
+                doa = sum(1 for x, u in zip(evicted, flags[1][evicted].tolist()) if u or x in fresh)
+            else:  # victims were resident before this access and are not requested by it
+                doa = int(np.count_nonzero(flags[1][evicted]))
+            st = self.stats
+            st.evictions[layer] += len(evicted)
+            st.dead_on_arrival[layer] += doa
+        flags[:, new] = True
+        if evicted:
+            flags[:, evicted] = False
+        if streamed:  # a slot may take several experts in turn: the last one stays
+            for e, slot, _ in copies:
+                self.slot_expert[slot] = e
+        else:
+            self.slot_expert[[slot for _, slot, _ in copies]] = new
 
     def _evict(self, layer: int, expert: int) -> None:
         self._resident[layer, expert] = False

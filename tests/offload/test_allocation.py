@@ -65,3 +65,48 @@ def test_layer_adaptive_helps_when_layers_differ():
     adaptive = replay(trace, "lru", 16, layer_adaptive=True, cpu_compute="off")
     assert sum(adaptive.capacities) == 64 and adaptive.capacities != [16] * 4
     assert adaptive.hit_rate > uniform.hit_rate + 0.01
+
+
+class _PerAccessHistogram:
+    """The stack-distance histogram updated access by access (float recency keys, one sort per access):
+    the straightforward form of what AdaptiveAllocator computes in batches."""
+
+    def __init__(self, L, E):
+        self.E = E
+        self.hist = np.zeros((L, E + 1))
+        self.last = np.full((L, E), -1.0)
+        self.accesses = np.zeros(L, dtype=np.int64)
+        self.id_frac = np.arange(E) / (E + 1.0)
+
+    def observe(self, layer, counts):
+        req = np.flatnonzero(counts)
+        last = self.last[layer]
+        prev = last[req]
+        dist = self.E - np.searchsorted(np.sort(last), prev, side="right")
+        dist[prev < 0] = self.E
+        self.hist[layer] += np.bincount(dist, minlength=self.E + 1)
+        c = counts[req]
+        last[req] = (c + self.id_frac[req]) * (0.5 / (float(c.max()) + 1.0)) + float(self.accesses[layer])
+        self.accesses[layer] += 1
+
+
+@pytest.mark.parametrize("E, max_pending", [(16, 3), (64, 32), (256, 7), (100, 32)])
+def test_batched_histogram_equals_per_access_updates(E, max_pending):
+    """Folding stored accesses in batches (any batch size, any time) gives the bit-identical histogram."""
+    L = 3
+    rng = np.random.default_rng(E)
+    batched = type("Batched", (AdaptiveAllocator,), {"max_pending": max_pending})
+    alloc = batched(L, E, L * E // 2, warmup_accesses=1)
+    ref = _PerAccessHistogram(L, E)
+    for step in range(150):
+        layer = int(rng.integers(0, L))
+        width = int(rng.integers(1, E + 1))
+        ids = rng.integers(0, width, size=(int(rng.integers(1, 40)), int(rng.integers(1, 5))))
+        counts = np.bincount(ids.reshape(-1), minlength=E)
+        alloc.observe(layer, counts)
+        ref.observe(layer, counts)
+        if step % 37 == 36:  # a block end: decay applies to what was folded in so far
+            assert np.array_equal(alloc.hist, ref.hist)
+            alloc.hist *= 0.8
+            ref.hist *= 0.8
+    assert np.array_equal(alloc.hist, ref.hist)

@@ -9,7 +9,9 @@ of a copy) and :meth:`admission` (whether a miss may take a slot at all).
 State is kept in NumPy arrays: a layer access touches ~256 routing entries and a few hundred
 experts, where NumPy's per-call overhead (~1 us) beats torch's (~5 us) by enough to matter in replay.
 The public ``priority``/``predicted_reuse`` return torch views of that state (zero copy); the
-``*_array`` variants are the fast path the planner uses.
+``*_array`` variants and ``reuse_of`` (the reuse of just the misses) are the fast path the planner
+uses. ``observe_access`` runs once per MoE layer per forward on the live runtime's critical path, so
+an update costs a handful of NumPy calls and no Python loop over experts or tokens.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ MAX_REUSE = 32.0
 def as_numpy(x: Any) -> np.ndarray:
     """A NumPy view of a tensor (moved to the CPU if needed) or array-like."""
     if isinstance(x, torch.Tensor):
+        if x.is_cpu and not x.requires_grad:  # the common case: skip detach()/cpu(), ~1 us each
+            return x.numpy()
         return x.detach().cpu().numpy()
     return np.asarray(x)
 
@@ -63,6 +67,7 @@ class CachePolicy(IterationObserver):
     name: ClassVar[str] = "base"
     usage_decay: float = 0.8
     tracks_usage: ClassVar[bool] = True  # False in policies that override reuse_array
+    uses_weights: ClassVar[bool] = False  # True if _update reads the gate weights (callers may skip converting them)
 
     def __init__(self, num_layers: int, num_experts: int, **knobs: Any) -> None:
         if knobs:
@@ -95,7 +100,7 @@ class CachePolicy(IterationObserver):
         if self.tracks_usage:
             usage = self._usage[layer]
             usage *= self.usage_decay
-            usage[counts > 0] += 1.0 - self.usage_decay
+            np.add(usage, 1.0 - self.usage_decay, out=usage, where=counts > 0)
         self._update(layer, ids, topk_weights, counts, clock)
 
     def _update(self, layer: int, ids: np.ndarray, weights: Any, counts: np.ndarray, clock: int) -> None:
@@ -112,8 +117,14 @@ class CachePolicy(IterationObserver):
         Default: the run length of a geometric process whose per-access use probability is the
         usage EMA, ``u / (1 - u)``, capped at ``MAX_REUSE``.
         """
-        u = self._usage[layer]
-        return np.minimum(u / np.maximum(1.0 - u, 1e-9), MAX_REUSE)
+        return geometric_reuse(self._usage[layer])
+
+    def reuse_of(self, layer: int, experts: np.ndarray) -> np.ndarray:
+        """``reuse_array(layer)[experts]``: the planner asks only for its misses, which a policy
+        may compute without materialising the whole array (element-wise, so the same values)."""
+        if type(self).reuse_array is not CachePolicy.reuse_array:  # a subclass defines reuse
+            return self.reuse_array(layer)[experts]
+        return geometric_reuse(self._usage[layer][experts])
 
     def admission(self, layer: int) -> np.ndarray | None:
         """Bool [num_experts]: experts a miss may copy into a slot; None = all admitted."""
@@ -128,6 +139,11 @@ class CachePolicy(IterationObserver):
     def admits(self, layer: int, expert: int) -> bool:
         mask = self.admission(layer)
         return True if mask is None else bool(mask[expert])
+
+
+def geometric_reuse(u: np.ndarray) -> np.ndarray:
+    """Expected run of further uses, ``u / (1 - u)`` capped at ``MAX_REUSE``, for use probabilities ``u``."""
+    return np.minimum(u / np.maximum(1.0 - u, 1e-9), MAX_REUSE)
 
 
 def top_set(scores: np.ndarray, size: int) -> np.ndarray:

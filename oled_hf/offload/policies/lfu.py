@@ -27,8 +27,8 @@ class LFUPolicy(CachePolicy):
 
     def _update(self, layer: int, ids: np.ndarray, weights: Any, counts: np.ndarray, clock: int) -> None:
         used = counts > 0
-        self._freq[layer][used] += 1.0
-        self._last[layer][used] = clock + 1.0
+        np.add(self._freq[layer], 1.0, out=self._freq[layer], where=used)  # = freq[used] += 1, one call
+        np.copyto(self._last[layer], clock + 1.0, where=used)
         self._clock = max(self._clock, clock + 1)
 
     def priority_array(self, layer: int) -> np.ndarray:

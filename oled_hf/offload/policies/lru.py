@@ -25,7 +25,7 @@ class LRUPolicy(CachePolicy):
 
     def _update(self, layer: int, ids: np.ndarray, weights: Any, counts: np.ndarray, clock: int) -> None:
         used = counts > 0
-        self._last[layer][used] = clock + 0.5 * counts[used] / (counts.max() + 1.0)
+        self._last[layer][used] = clock + 0.5 * counts[used] / (np.maximum.reduce(counts) + 1.0)
 
     def priority_array(self, layer: int) -> np.ndarray:
         return self._last[layer]

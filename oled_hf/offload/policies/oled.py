@@ -31,6 +31,7 @@ The rule, per MoE layer access (rows = batch*B block positions, row r = batch r/
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -48,6 +49,7 @@ class OledPolicy(CachePolicy):
 
     name = "oled"
     tracks_usage = False
+    uses_weights = True
 
     def __init__(
         self,
@@ -70,21 +72,31 @@ class OledPolicy(CachePolicy):
         self.min_stability = float(min_stability)
         self.gate_power = float(gate_power)
         self.calibrate = bool(calibrate)
-        self.prior_rows = float(prior_rows)
+        self.prior_rows = float(prior_rows)  # prior, prior_rows: fixed after construction
         self.calibration_decay = float(calibration_decay)
         centres = self.threshold * (np.arange(N_BINS) + 0.5) / N_BINS
         prior = np.empty(N_CLASSES)
         prior[[STABLE, DECODED, COMMITTED, CONFIDENT, FRESH]] = [1.0, 1.0, 1.0, 0.95, 0.3]
         prior[UNSURE:UNSURE + N_BINS] = np.maximum(centres, self.min_stability)
         self.prior = prior
-        self._num = np.zeros((self.num_layers, N_CLASSES))  # decayed sum of surviving-route fractions
-        self._den = np.zeros((self.num_layers, N_CLASSES))  # decayed count of measured rows
+        # calibration per layer: [0] decayed sum of surviving-route fractions, [1] decayed count of measured
+        # rows (one array, so decaying both is one operation); stability = (pseudo[0] + num) / (pseudo[1] + den)
+        self._calib = np.zeros((self.num_layers, 2, N_CLASSES))
+        self._num, self._den = self._calib[:, 0], self._calib[:, 1]
+        self._pseudo = np.stack((prior * self.prior_rows, np.full(N_CLASSES, self.prior_rows)))
         self._score = np.zeros((self.num_layers, self.num_experts))
         self._reuse = np.zeros((self.num_layers, self.num_experts))
         self._row_class: np.ndarray | None = None
         self._class_counts: np.ndarray | None = None
-        self._prev: list[tuple[np.ndarray, np.ndarray, np.ndarray | None] | None] = [None] * self.num_layers
-        self._reuse_inputs: list[tuple[np.ndarray, np.ndarray, int] | None] = [None] * self.num_layers
+        self._entry_class: np.ndarray | None = None  # _row_class repeated per route (cached)
+        # per layer, the previous forward of this block:
+        # (route keys row*E+expert, ids shape, class per row, class counts, class per route)
+        self._prev: list[tuple[np.ndarray, tuple[int, ...], np.ndarray, np.ndarray | None, np.ndarray] | None]
+        self._prev = [None] * self.num_layers
+        # per layer, what the lazy reuse needs: (flat route ids, stability per class, class per route)
+        self._reuse_inputs: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None] = [None] * self.num_layers
+        self._row_keys: dict[tuple[int, int], np.ndarray] = {}  # (rows, k) -> row*E per route
+        self._stable: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}  # (rows, k) -> all-STABLE classes
 
     @classmethod
     def from_config(cls, num_layers: int, num_experts: int, config: Any) -> OledPolicy:
@@ -101,7 +113,7 @@ class OledPolicy(CachePolicy):
     # ------------------------------------------------------------------ events
     def on_block_start(self, block_index: int, token_ids: Any) -> None:
         self._score *= self.block_decay
-        self._set_classes(np.full(int(np.prod(tuple(token_ids.shape))), FRESH, dtype=np.intp))
+        self._set_classes(np.full(math.prod(tuple(token_ids.shape)), FRESH, dtype=np.intp))
         self._prev = [None] * self.num_layers
 
     def on_iteration(self, event: Any) -> None:
@@ -114,6 +126,7 @@ class OledPolicy(CachePolicy):
     def _set_classes(self, cls: np.ndarray | None) -> None:
         self._row_class = cls
         self._class_counts = None if cls is None else np.bincount(cls, minlength=N_CLASSES)
+        self._entry_class = None
 
     def on_block_end(self, block_index: int, token_ids: Any) -> None:
         self._set_classes(None)
@@ -121,60 +134,99 @@ class OledPolicy(CachePolicy):
 
     def classify(self, masked: np.ndarray, confidence: np.ndarray, committed: np.ndarray) -> np.ndarray:
         """Stability class per row from one event (see module docstring, step 1)."""
-        masked = masked.astype(bool)
-        committed = committed.astype(bool)
-        conf = confidence.astype(np.float64)
-        bins = np.minimum((conf / self.threshold * N_BINS).astype(np.intp), N_BINS - 1)
-        unsure_cls = np.where(conf >= self.threshold, CONFIDENT, UNSURE + np.maximum(bins, 0))
-        cls = np.where(masked & ~committed, unsure_cls, DECODED)
-        return np.where(committed, COMMITTED, cls).astype(np.intp)
+        masked = np.asarray(masked, dtype=bool)
+        committed = np.asarray(committed, dtype=bool)
+        conf = np.asarray(confidence, dtype=np.float64)
+        unsure = (conf / self.threshold * N_BINS).astype(np.intp)
+        np.minimum(unsure, N_BINS - 1, out=unsure)
+        np.maximum(unsure, 0, out=unsure)
+        unsure += UNSURE
+        cls = np.where(conf >= self.threshold, CONFIDENT, unsure)
+        cls = np.where(masked, cls, DECODED)  # committed rows are overridden below
+        return np.where(committed, COMMITTED, cls).astype(np.intp, copy=False)
 
     def stability(self, layer: int) -> np.ndarray:
         """Calibrated stability per class for one layer, in [min_stability, 1]."""
-        s = (self.prior * self.prior_rows + self._num[layer]) / (self.prior_rows + self._den[layer])
-        return np.clip(s, self.min_stability, 1.0)
+        t = self._pseudo + self._calib[layer]  # prior * prior_rows + num, prior_rows + den
+        s = t[0] / t[1]
+        np.maximum(s, self.min_stability, out=s)  # = np.clip, without its Python-level wrapper
+        return np.minimum(s, 1.0, out=s)
 
     # ------------------------------------------------------------------ routing
     def _update(self, layer: int, ids: np.ndarray, weights: Any, counts: np.ndarray, clock: int) -> None:
         rows, k = ids.shape
         if self._row_class is not None and self._row_class.shape[0] == rows:
             cls, cls_counts = self._row_class, self._class_counts
+            if self._entry_class is None or self._entry_class.shape[0] != rows * k:
+                self._entry_class = np.repeat(cls, k)
+            entry_cls = self._entry_class
         else:  # prefill / refresh / prompt rows: stable
-            cls, cls_counts = np.zeros(rows, dtype=np.intp), None
+            cls, entry_cls = self._all_stable(rows, k)
+            cls_counts = None
         if self.calibrate:
-            self._measure(layer, ids, cls, cls_counts)
-        s_row = self.stability(layer)[cls]
+            self._measure(layer, ids, cls, cls_counts, entry_cls)
+        stab = self.stability(layer)
         flat = ids.reshape(-1)
         if weights is None or self.gate_power == 0.0:
-            entry = np.repeat(s_row / k, k)
+            entry = (stab / k)[entry_cls]  # = repeat(s_row / k, k)
         else:
-            g = as_numpy(weights).reshape(rows, k).astype(np.float32)  # gates are >= 0
-            if self.gate_power == 0.5:
-                g = np.sqrt(g)
-            elif self.gate_power != 1.0:
-                g **= self.gate_power
-            entry = (g * (s_row / np.maximum(g.sum(axis=1), 1e-12))[:, None]).reshape(-1)
+            s_row = stab[cls]
+            g = as_numpy(weights).reshape(rows, k)
+            if self.gate_power == 0.5:  # gates are >= 0
+                g = np.sqrt(g, dtype=np.float32)
+            else:
+                g = g.astype(np.float32)
+                if self.gate_power != 1.0:
+                    g **= self.gate_power
+            entry = (g * (s_row / np.maximum(np.add.reduce(g, axis=1), 1e-12))[:, None]).reshape(-1)
         score = self._score[layer]
         score *= self.decay
         score += np.bincount(flat, weights=entry, minlength=self.num_experts)
-        self._reuse_inputs[layer] = (flat, s_row, k)
+        self._reuse_inputs[layer] = (flat, stab, entry_cls)
 
-    def _measure(self, layer: int, ids: np.ndarray, cls: np.ndarray, cls_counts: np.ndarray | None) -> None:
-        """Update per-class route persistence from the previous forward of this block."""
+    def _all_stable(self, rows: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Class per row and per route for rows without an event (all STABLE); cached, read-only."""
+        got = self._stable.get((rows, k))
+        if got is None:
+            got = self._stable[(rows, k)] = (np.zeros(rows, dtype=np.intp), np.zeros(rows * k, dtype=np.intp))
+        return got
+
+    def _route_keys(self, ids: np.ndarray) -> np.ndarray:
+        """``row * num_experts + expert`` per route (flat): one number per (row, expert) pair."""
+        rows, k = ids.shape
+        base = self._row_keys.get((rows, k))
+        if base is None:
+            base = self._row_keys[(rows, k)] = np.repeat(np.arange(rows, dtype=np.int64) * self.num_experts, k)
+        return ids.reshape(-1) + base
+
+    def _measure(
+        self, layer: int, ids: np.ndarray, cls: np.ndarray, cls_counts: np.ndarray | None, entry_cls: np.ndarray
+    ) -> None:
+        """Update per-class route persistence from the previous forward of this block.
+
+        A row's kept fraction is (pairs of a previous and a current route of the row with the same
+        expert) / k, summed per class of the previous forward's rows.
+        """
+        keys = self._route_keys(ids)
         prev = self._prev[layer]
-        if prev is not None and prev[0].shape == ids.shape:
-            prev_ids, prev_cls, prev_counts = prev
-            # routes of a row are distinct experts: matches over both axes = routes kept
-            kept = (prev_ids[:, :, None] == ids[:, None, :]).sum(axis=(1, 2)) / ids.shape[1]
+        if prev is not None and prev[1] == ids.shape:
+            prev_keys, _, prev_cls, prev_counts, prev_entry_cls = prev
+            rows, k = ids.shape
+            # per previous route: the current routes of its row to the same expert
+            matches = np.bincount(keys, minlength=rows * self.num_experts)[prev_keys]
+            if k & (k - 1) == 0:  # k = 2**j: every kept fraction and partial sum is exact, so summing
+                # the matches per class first and dividing once gives the very same floats
+                kept = np.bincount(prev_entry_cls, weights=matches, minlength=N_CLASSES) / k
+            else:
+                per_row = np.add.reduce(matches.reshape(rows, k), axis=1) / k
+                kept = np.bincount(prev_cls, weights=per_row, minlength=N_CLASSES)
             if prev_counts is None:
                 prev_counts = np.bincount(prev_cls, minlength=N_CLASSES)
-            lam = self.calibration_decay
-            num, den = self._num[layer], self._den[layer]
-            num *= lam
-            num += np.bincount(prev_cls, weights=kept, minlength=N_CLASSES)
-            den *= lam
-            den += prev_counts
-        self._prev[layer] = (ids.copy(), cls, cls_counts)
+            calib = self._calib[layer]
+            calib *= self.calibration_decay
+            calib[0] += kept
+            calib[1] += prev_counts
+        self._prev[layer] = (keys, ids.shape, cls, cls_counts, entry_cls)
 
     # ------------------------------------------------------------------ ranking
     def priority_array(self, layer: int) -> np.ndarray:
@@ -185,9 +237,23 @@ class OledPolicy(CachePolicy):
         accesses with misses to dispatch pay for it."""
         pending = self._reuse_inputs[layer]
         if pending is not None:
-            flat, s_row, k = pending
-            log_miss = np.repeat(np.log1p(-np.minimum(s_row, 0.99)), k)
-            p = -np.expm1(np.bincount(flat, weights=log_miss, minlength=self.num_experts))
-            self._reuse[layer] = np.minimum(p / np.maximum(1.0 - p, 1e-9), MAX_REUSE)
+            self._reuse[layer] = _reuse_from(self._log_miss(pending))
             self._reuse_inputs[layer] = None
         return self._reuse[layer]
+
+    def reuse_of(self, layer: int, experts: np.ndarray) -> np.ndarray:
+        pending = self._reuse_inputs[layer]
+        if pending is None:
+            return self._reuse[layer][experts]
+        return _reuse_from(self._log_miss(pending)[experts])  # element-wise: same values as the full array
+
+    def _log_miss(self, pending: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
+        """Per expert, the sum over its routes of log(1 - s_row) (s capped at 0.99)."""
+        flat, stab, entry_cls = pending
+        per_class = np.log1p(-np.minimum(stab, 0.99))
+        return np.bincount(flat, weights=per_class[entry_cls], minlength=self.num_experts)
+
+
+def _reuse_from(log_miss: np.ndarray) -> np.ndarray:
+    p = -np.expm1(log_miss)
+    return np.minimum(p / np.maximum(1.0 - p, 1e-9), MAX_REUSE)

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import MAX_REUSE, CachePolicy, register, top_set
+from .base import MAX_REUSE, CachePolicy, geometric_reuse, register, top_set
 
 
 @register
@@ -63,6 +63,12 @@ class StaticPolicy(CachePolicy):
         if admit is None:
             return super().reuse_array(layer)
         return np.where(admit[layer], MAX_REUSE, 0.0)  # fixed placement: an admitted expert stays
+
+    def reuse_of(self, layer: int, experts: np.ndarray) -> np.ndarray:
+        admit = self._admit_mask()
+        if admit is None:
+            return geometric_reuse(self._usage[layer][experts])
+        return np.where(admit[layer][experts], MAX_REUSE, 0.0)
 
     def admission(self, layer: int) -> np.ndarray | None:
         admit = self._admit_mask()

@@ -67,5 +67,9 @@ class TidePolicy(CachePolicy):
         remaining = self.interval - (self._next_iteration % self.interval)
         return np.where(self._selected[layer], float(remaining), 0.0)
 
+    def reuse_of(self, layer: int, experts: np.ndarray) -> np.ndarray:
+        remaining = self.interval - (self._next_iteration % self.interval)
+        return np.where(self._selected[layer][experts], float(remaining), 0.0)
+
     def admission(self, layer: int) -> np.ndarray | None:
         return self._selected[layer] if self._ever[layer] else None
