@@ -56,6 +56,8 @@ class OffloadConfig:
     oled_block_decay: float = 0.25
     oled_min_stability: float = 0.05
     oled_gate_power: float = 0.5
+    oled_frequency_weight: float = 1.0
+    oled_frequency_decay: float = 0.99
     # layer-adaptive allocation knobs
     rebalance_damping: float = 0.5
     min_slots_per_layer: int = 1
@@ -101,6 +103,9 @@ class OffloadConfig:
         self._check_unit("oled_decay", low_open=False)
         self._check_unit("oled_block_decay", low_open=False)
         self._check_unit("oled_min_stability", low_open=True)
+        self._check_unit("oled_frequency_decay", low_open=False)
+        if not _is_real(self.oled_frequency_weight) or float(self.oled_frequency_weight) < 0:
+            raise ValueError(f"oled_frequency_weight={self.oled_frequency_weight!r} is invalid: must be a number >= 0")
         self._check_unit("rebalance_damping", low_open=True)
         if not _is_real(self.oled_gate_power) or not 0.0 <= float(self.oled_gate_power) <= 4.0:
             raise ValueError(f"oled_gate_power={self.oled_gate_power!r} is invalid: must be a number in [0, 4]")

@@ -39,13 +39,15 @@ def _trace(name):
     return _TRACE_CACHE[name]
 
 
-def plan_digest(trace, policy, cache_size, cpu_compute, layer_adaptive=True):
+def plan_digest(trace, policy, cache_size, cpu_compute, layer_adaptive=True, oled_frequency_weight=0.0):
     """Replay ``trace``; sha256 over every plan, rebalance and the final stats (first 16 hex digits).
 
     Even forwards feed torch tensors (what the live executor passes), odd ones NumPy arrays (replay).
+    The references were computed before the planner was optimised, with OLED's stability rule
+    alone (its slow popularity term came later), hence ``oled_frequency_weight=0`` by default.
     """
     config = OffloadConfig(cache_size=cache_size, policy=policy, cpu_compute=cpu_compute,
-                           layer_adaptive=layer_adaptive)
+                           layer_adaptive=layer_adaptive, oled_frequency_weight=oled_frequency_weight)
     ctrl = CacheController(config, trace.num_layers, trace.num_experts, CostModel.h200_pcie5(512, 128))
     h = hashlib.sha256()
     forwards = 0

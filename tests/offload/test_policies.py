@@ -71,6 +71,7 @@ def test_tide_reselects_every_interval():
 
 def test_oled_classes_and_priorities():
     p = make_policy("oled", 1, 16)
+    p.freq_weight = 0.0  # the stability rule alone (the slow popularity term is tested below)
     cls = p.classify(np.array([0, 1, 1, 1, 1]), np.array([1.0, 0.95, 0.95, 0.5, 0.05]),
                      np.array([0, 1, 0, 0, 0]))
     assert cls.tolist() == [DECODED, COMMITTED, CONFIDENT, UNSURE + 2, UNSURE]
@@ -86,6 +87,21 @@ def test_oled_classes_and_priorities():
     assert np.allclose(p.priority_array(0), before * p.block_decay)
     p.observe_access(0, np.array([[9], [9], [10]]), None, 2)  # 3 rows != 4: prefill-like, stable
     assert p.priority_array(0)[9] > p.priority_array(0)[10] > 0
+
+
+def test_oled_popularity_survives_block_boundaries():
+    p = make_policy("oled", 1, 16)
+    for block in range(4):  # expert 3 is used by every block, expert 7 only by the last one
+        p.on_block_start(block, torch.zeros(1, 4))
+        ids = np.array([[3], [3], [block + 4], [block + 4]])
+        p.observe_access(0, ids, np.ones((4, 1)), block)
+        p.on_block_end(block, torch.zeros(1, 4))
+    p.on_block_start(4, torch.zeros(1, 4))
+    prio = p.priority_array(0).copy()
+    assert prio[3] > prio[7] > prio[4]
+    p.freq_weight = 0.0
+    alone = p.priority_array(0)
+    assert prio[3] - prio[7] > 10 * (alone[3] - alone[7])  # stability alone nearly forgets popularity
 
 
 def test_oled_calibrates_stability_from_persistence():

@@ -27,6 +27,11 @@ The rule, per MoE layer access (rows = batch*B block positions, row r = batch r/
    requested next iteration; reuse = ``p / (1 - p)``, the expected run of consecutive reuses.
 5. Block boundaries: at a new block the previous block's tokens become prefix and stop routing, so
    its scores are decayed hard (``block_decay``); the new block's rows are "fresh" (uniform, low).
+6. A second, slow time scale: ``freq_e <- freq_decay * freq_e + tokens_e / T`` per access, added to
+   the priority with ``freq_weight``. Retention by stability forgets across blocks and prompts by
+   design; what recurs there is popularity, so the slow term keeps popular experts through a
+   block boundary (on traces of the trained toy model it recovers most of LFU's lead across
+   prompts while keeping the within-block ranking; weight 0 gives the pure stability rule).
 """
 
 from __future__ import annotations
@@ -63,6 +68,8 @@ class OledPolicy(CachePolicy):
         calibrate: bool = True,
         prior_rows: float = 64.0,
         calibration_decay: float = 0.98,
+        freq_weight: float = 1.0,
+        freq_decay: float = 0.99,
         **knobs: Any,
     ) -> None:
         super().__init__(num_layers, num_experts, **knobs)
@@ -74,6 +81,8 @@ class OledPolicy(CachePolicy):
         self.calibrate = bool(calibrate)
         self.prior_rows = float(prior_rows)  # prior, prior_rows: fixed after construction
         self.calibration_decay = float(calibration_decay)
+        self.freq_weight = float(freq_weight)
+        self.freq_decay = float(freq_decay)
         centres = self.threshold * (np.arange(N_BINS) + 0.5) / N_BINS
         prior = np.empty(N_CLASSES)
         prior[[STABLE, DECODED, COMMITTED, CONFIDENT, FRESH]] = [1.0, 1.0, 1.0, 0.95, 0.3]
@@ -85,6 +94,8 @@ class OledPolicy(CachePolicy):
         self._num, self._den = self._calib[:, 0], self._calib[:, 1]
         self._pseudo = np.stack((prior * self.prior_rows, np.full(N_CLASSES, self.prior_rows)))
         self._score = np.zeros((self.num_layers, self.num_experts))
+        self._freq = np.zeros((self.num_layers, self.num_experts))  # slow popularity (rule 6)
+        self._priority = np.zeros((self.num_layers, self.num_experts))
         self._reuse = np.zeros((self.num_layers, self.num_experts))
         self._row_class: np.ndarray | None = None
         self._class_counts: np.ndarray | None = None
@@ -108,6 +119,8 @@ class OledPolicy(CachePolicy):
             block_decay=config.oled_block_decay,
             min_stability=config.oled_min_stability,
             gate_power=config.oled_gate_power,
+            freq_weight=config.oled_frequency_weight,
+            freq_decay=config.oled_frequency_decay,
         )
 
     # ------------------------------------------------------------------ events
@@ -183,6 +196,10 @@ class OledPolicy(CachePolicy):
         score *= self.decay
         score += np.bincount(flat, weights=entry, minlength=self.num_experts)
         self._reuse_inputs[layer] = (flat, stab, entry_cls)
+        if self.freq_weight:
+            freq = self._freq[layer]
+            freq *= self.freq_decay
+            freq += counts * (1.0 / rows)
 
     def _all_stable(self, rows: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Class per row and per route for rows without an event (all STABLE); cached, read-only."""
@@ -230,7 +247,10 @@ class OledPolicy(CachePolicy):
 
     # ------------------------------------------------------------------ ranking
     def priority_array(self, layer: int) -> np.ndarray:
-        return self._score[layer]
+        if not self.freq_weight:
+            return self._score[layer]
+        out = np.multiply(self._freq[layer], self.freq_weight, out=self._priority[layer])
+        return np.add(out, self._score[layer], out=out)
 
     def reuse_array(self, layer: int) -> np.ndarray:
         """P(requested next) = 1 - prod over routes (1 - s_row); reuse = p / (1 - p). Lazy: only
