@@ -126,11 +126,16 @@ def build_tokenizer(out_dir: str | os.PathLike, vocab_size: int, *, seed: int = 
     ``seed`` is accepted for symmetry with the weight builders; BPE training has no randomness,
     so it does not change the result.
     """
+    del seed
+    return save_llada2_tokenizer(train_bpe(vocab_size), out_dir)
+
+
+def save_llada2_tokenizer(tokenizer_object: Tokenizer, out_dir: str | os.PathLike) -> PreTrainedTokenizerFast:
+    """Wrap a trained ``tokenizers`` object with LLaDA2's special tokens and chat template, save, reload."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    del seed
     wrapped = PreTrainedTokenizerFast(
-        tokenizer_object=train_bpe(vocab_size),
+        tokenizer_object=tokenizer_object,
         bos_token=BOS_TOKEN,
         eos_token=EOS_TOKEN,
         pad_token=EOS_TOKEN,

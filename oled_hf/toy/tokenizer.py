@@ -11,20 +11,10 @@ short. Training has no randomness: the same corpus always yields the same file.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from ..checkpoints.tokenizer import (
-    BOS_TOKEN,
-    CHAT_TEMPLATE,
-    EOS_TOKEN,
-    MASK_TOKEN,
-    ROLE_CLOSE_TOKEN,
-    ROLE_END_TOKEN,
-    ROLE_OPEN_TOKEN,
-    SPECIAL_TOKENS,
-)
+from ..checkpoints.tokenizer import SPECIAL_TOKENS
 
 # Every word the chat frame and the questions use; repeated so each merge clears min_frequency.
 _WORDS = ("SYSTEM", "HUMAN", "ASSISTANT", "detailed thinking off", "What is 0+0?")
@@ -59,21 +49,6 @@ def train_toy_bpe() -> Tokenizer:
 
 def build_toy_tokenizer(out_dir: str | os.PathLike):
     """Save the toy tokenizer (tokenizer.json, tokenizer_config.json, chat template) and reload it."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    from ..checkpoints.tokenizer import save_llada2_tokenizer
 
-    wrapped = PreTrainedTokenizerFast(
-        tokenizer_object=train_toy_bpe(),
-        bos_token=BOS_TOKEN,
-        eos_token=EOS_TOKEN,
-        pad_token=EOS_TOKEN,
-        mask_token=MASK_TOKEN,
-        extra_special_tokens=[ROLE_CLOSE_TOKEN, ROLE_OPEN_TOKEN, ROLE_END_TOKEN],
-        clean_up_tokenization_spaces=False,
-        add_bos_token=False,
-        add_eos_token=False,
-    )
-    wrapped.chat_template = CHAT_TEMPLATE
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    wrapped.save_pretrained(str(out))
-    return AutoTokenizer.from_pretrained(str(out))
+    return save_llada2_tokenizer(train_toy_bpe(), out_dir)
