@@ -57,9 +57,3 @@ class BlockKVCache:
     def crop(self, length: int) -> None:
         """Forget columns at and after ``length`` (they will be rewritten before being attended)."""
         self.filled = min(self.filled, length)
-
-    def reorder_batch(self, index: torch.Tensor) -> None:
-        """Keep only the batch rows in ``index`` (used when finished sequences leave a batch)."""
-        for i, (k, v) in enumerate(zip(self.keys, self.values)):
-            if k is not None:
-                self.keys[i], self.values[i] = k[index], v[index]
