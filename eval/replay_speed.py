@@ -22,7 +22,7 @@ from oled_hf.offload.costmodel import CostModel
 from oled_hf.sim.belady import request_sets
 from oled_hf.sim.replay import default_cost_model, replay
 from oled_hf.sim.synthetic import synthetic_trace
-from oled_hf.sim.trace import OP_BLOCK_END, OP_BLOCK_START, OP_EVENT, OP_FORWARD, Trace, load_trace
+from oled_hf.sim.trace import OP_FORWARD, Trace, load_trace
 
 POLICIES = ("oled", "lru", "lfu", "static", "tide")
 
@@ -40,12 +40,8 @@ def planner_only(trace: Trace, policy: str, cache_size: int, cost_model: CostMod
             for layer in range(trace.num_layers):
                 ctrl.plan(layer, ids[layer], weights[layer])
             spent += time.perf_counter() - t0
-        elif op == OP_EVENT:
-            ctrl.on_iteration(trace.event(idx))
-        elif op == OP_BLOCK_START:
-            ctrl.on_block_start(*trace.marker(idx))
-        elif op == OP_BLOCK_END:
-            ctrl.on_block_end(*trace.marker(idx))
+        else:
+            trace.deliver(ctrl, op, idx)
     return spent
 
 

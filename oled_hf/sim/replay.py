@@ -27,7 +27,7 @@ from oled_hf.offload.controller import CacheController
 from oled_hf.offload.costmodel import CostModel
 
 from .belady import belady_global, belady_min
-from .trace import OP_BLOCK_END, OP_BLOCK_START, OP_EVENT, OP_FORWARD, Trace
+from .trace import OP_BLOCK_END, OP_FORWARD, Trace
 
 
 @dataclass
@@ -132,13 +132,9 @@ def replay(
                 full += float(gpu.sum()) + cm.nonexpert_s_per_layer
             if check_invariants:
                 ctrl.state.check_invariants()
-        elif op == OP_EVENT:
-            ctrl.on_iteration(trace.event(idx))
-        elif op == OP_BLOCK_START:
-            ctrl.on_block_start(*trace.marker(idx))
-        elif op == OP_BLOCK_END:
-            ctrl.on_block_end(*trace.marker(idx))
-            if check_invariants:
+        else:
+            trace.deliver(ctrl, op, idx)
+            if op == OP_BLOCK_END and check_invariants:
                 ctrl.state.check_invariants()
     st = ctrl.stats
     return ReplayResult(

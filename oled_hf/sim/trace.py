@@ -90,6 +90,15 @@ class Trace:
         m0, m1, b = int(a["mk_offsets"][i]), int(a["mk_offsets"][i + 1]), int(a["mk_batch"][i])
         return int(a["mk_block"][i]), torch.from_numpy(a["mk_token_ids"][m0:m1].astype(np.int64)).reshape(b, -1)
 
+    def deliver(self, observer: IterationObserver, op: int, i: int) -> None:
+        """Hand a non-forward timeline item (event, block start, block end) to an observer."""
+        if op == OP_EVENT:
+            observer.on_iteration(self.event(i))
+        elif op == OP_BLOCK_START:
+            observer.on_block_start(*self.marker(i))
+        elif op == OP_BLOCK_END:
+            observer.on_block_end(*self.marker(i))
+
     @property
     def routing_entries(self) -> int:
         """Total (layer, token, k) routing entries."""

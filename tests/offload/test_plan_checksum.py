@@ -17,7 +17,7 @@ from oled_hf.offload.config import OffloadConfig
 from oled_hf.offload.controller import CacheController
 from oled_hf.offload.costmodel import CostModel
 from oled_hf.sim.synthetic import synthetic_trace
-from oled_hf.sim.trace import OP_BLOCK_END, OP_BLOCK_START, OP_EVENT, OP_FORWARD
+from oled_hf.sim.trace import OP_BLOCK_END, OP_FORWARD
 
 TRACES = {
     # 64 experts, top-8, 32-token blocks (the ``small`` preset's routing shape), uneven layers
@@ -63,12 +63,9 @@ def plan_digest(trace, policy, cache_size, cpu_compute, layer_adaptive=True, ole
                 h.update(repr((p.layer, p.hits, p.copies, p.cpu, sorted(p.slot_of.items()),
                                np.asarray(p.counts).tolist())).encode())
             forwards += 1
-        elif op == OP_EVENT:
-            ctrl.on_iteration(trace.event(idx))
-        elif op == OP_BLOCK_START:
-            ctrl.on_block_start(*trace.marker(idx))
-        elif op == OP_BLOCK_END:
-            ctrl.on_block_end(*trace.marker(idx))
+        else:
+            trace.deliver(ctrl, op, idx)
+        if op == OP_BLOCK_END:
             h.update(repr((list(ctrl.capacities), [tuple(m) for m in ctrl.last_moves])).encode())
     ctrl.state.check_invariants()
     h.update(repr(ctrl.stats.to_dict(per_layer=True)).encode())

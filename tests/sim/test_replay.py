@@ -9,7 +9,7 @@ from oled_hf.offload.controller import CacheController
 from oled_hf.offload.costmodel import CostModel
 from oled_hf.sim.replay import compare, format_table, replay
 from oled_hf.sim.synthetic import synthetic_trace
-from oled_hf.sim.trace import OP_BLOCK_END, OP_BLOCK_START, OP_EVENT, OP_FORWARD, TraceWriter, load_trace
+from oled_hf.sim.trace import OP_FORWARD, TraceWriter, load_trace
 
 CM = CostModel.h200_pcie5(2048, 512)
 
@@ -79,12 +79,8 @@ def test_replay_equals_live_controller_sequence(trace, policy):
             for layer in range(trace.num_layers):
                 ctrl.plan(layer, torch.from_numpy(rec.topk_ids[layer].astype(np.int64)),
                           torch.from_numpy(rec.topk_weights[layer].astype(np.float32)))
-        elif op == OP_EVENT:
-            ctrl.on_iteration(trace.event(idx))
-        elif op == OP_BLOCK_START:
-            ctrl.on_block_start(*trace.marker(idx))
-        elif op == OP_BLOCK_END:
-            ctrl.on_block_end(*trace.marker(idx))
+        else:
+            trace.deliver(ctrl, op, idx)
     r = replay(trace, policy, 6, cost_model=CM)
     assert (r.hits, r.misses, r.copies, r.evictions, r.cpu_expert_tokens) == (
         ctrl.stats.total("hits"), ctrl.stats.total("misses"), ctrl.stats.total("copies"),
