@@ -68,9 +68,9 @@ def main(argv=None) -> int:
     p.add_argument("--out-dir", default="/tmp/oled_gpu_check")
     p.add_argument("--cache-sizes", type=int, nargs="+", default=[40, 100])
     p.add_argument("--policies", nargs="+", default=["oled", "lru"])
-    p.add_argument("--gen-length", type=int, default=64)
+    p.add_argument("--gen-length", type=int, default=32)
     p.add_argument("--block-length", type=int, default=32)
-    p.add_argument("--prompts", type=int, default=2)
+    p.add_argument("--prompts", type=int, default=1)
     args = p.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("gpu_check: no CUDA device; use --device cpu --preset tiny for the reduced check", file=sys.stderr)
