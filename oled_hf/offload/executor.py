@@ -35,10 +35,11 @@ class OffloadedExpertsExecutor:
 
         cpu_job = None
         if plan.cpu:
-            if rt.cache.cuda:  # overlap: the CPU works while the GPU computes hits and copies
+            if rt.overlap_cpu:  # the CPU works while the device computes hits and copies
                 rows = [groups.rows(row_of[e]) for e in plan.cpu]
-                host_x = [sorted_x[r].to("cpu") for r in rows]
-                cpu_job = rt.cpu_pool.submit(self._cpu_experts, plan.cpu, host_x)
+                cpu_index = torch.cat([torch.arange(r.start, r.stop) for r in rows]).to(sorted_x.device)
+                host_x = sorted_x[cpu_index].to("cpu").split([r.stop - r.start for r in rows])  # one transfer
+                cpu_job = rt.cpu_pool().submit(self._cpu_experts, plan.cpu, host_x)
             else:
                 t = clock()
                 for e in plan.cpu:
@@ -61,8 +62,7 @@ class OffloadedExpertsExecutor:
 
         if cpu_job is not None:
             t = clock()
-            for e, out in zip(plan.cpu, cpu_job.result()):
-                outputs[groups.rows(row_of[e])] = out.to(outputs.device, non_blocking=True)
+            outputs[cpu_index] = torch.cat(cpu_job.result()).to(outputs.device)  # one transfer back
             rt.timing["cpu_wait"][layer] += clock() - t
         return combine_expert_outputs(groups, outputs, topk_weights, hidden_states.dtype)
 

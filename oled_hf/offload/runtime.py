@@ -37,7 +37,10 @@ class OffloadRuntime(IterationObserver):
         self.cache = ExpertCache(store, self.total_slots, device)
         self.cost_model = self._cost_model(cfg)
         self.controller = CacheController(config, self.num_layers, self.num_experts, self.cost_model)
-        self.cpu_pool = make_cpu_pool() if self.cache.cuda else None
+        # CPU misses run in a worker thread beside the device work; on a CPU-only machine inline
+        # (the "device" is the same cores), unless a test turns the overlap path on.
+        self.overlap_cpu = self.cache.cuda
+        self._cpu_pool = None
         self.profile = False
         self.timing = {name: np.zeros(self.num_layers) for name in TIMERS}
         self.forwards = 0
@@ -50,6 +53,11 @@ class OffloadRuntime(IterationObserver):
             from ..sim.recorder import TraceRecorder
 
             self.recorder = TraceRecorder(model, config.record_trace, cost_model=self.cost_model)
+
+    def cpu_pool(self):
+        if self._cpu_pool is None:
+            self._cpu_pool = make_cpu_pool()
+        return self._cpu_pool
 
     # ---- cost model ---------------------------------------------------------------------
     def _cost_model(self, cfg) -> CostModel:

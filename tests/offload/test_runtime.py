@@ -129,3 +129,12 @@ def test_bf16_offload_matches_bf16_resident(tiny_path):
         assert torch.equal(model(ids).logits, resident(ids).logits)
     assert torch.equal(model.generate(ids, max_new_tokens=16, block_length=8),
                        resident.generate(ids, max_new_tokens=16, block_length=8))
+
+
+def test_concurrent_cpu_path_is_lossless(tiny_path, prompt, reference):
+    """The worker-thread CPU path (used beside a GPU) gathers, computes and scatters rows correctly."""
+    model = _offloaded(tiny_path, cache_size=4, cpu_compute="auto")
+    model._offload_runtime.overlap_cpu = True
+    out = model.generate(**prompt, max_new_tokens=24, block_length=8, threshold=0.9)
+    assert torch.equal(out, reference)
+    assert model.offload_stats()["total"]["cpu_expert_tokens"] > 0
