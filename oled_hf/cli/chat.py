@@ -8,7 +8,6 @@ stdout, so it can be scripted. Loading messages and errors go to stderr.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
@@ -160,15 +159,9 @@ def chat(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``chat`` on its own (``python -m oled_hf.cli.chat --model ./tiny``), as ``oled-moe chat`` would."""
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    parser = argparse.ArgumentParser(prog="oled-moe")
-    register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["chat", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"oled-moe chat: error: {err}", file=sys.stderr)
-        return 2
+    from .main import main as oled_moe
+
+    return oled_moe(["chat", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

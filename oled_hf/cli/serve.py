@@ -110,15 +110,9 @@ def serve(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``serve`` on its own (``python -m oled_hf.cli.serve --model ./tiny``), as ``oled-moe serve`` would."""
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    parser = argparse.ArgumentParser(prog="oled-moe")
-    register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["serve", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"oled-moe serve: error: {err}", file=sys.stderr)
-        return 2
+    from .main import main as oled_moe
+
+    return oled_moe(["serve", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":
