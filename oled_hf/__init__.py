@@ -7,9 +7,8 @@ and ``pipeline("text-generation")`` resolve ``oled_llada2`` checkpoints without 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from .modeling import OledLLaDA2Config, OledLLaDA2ForDiffusionLM, OledLLaDA2Model
+from .modeling.auto_map import CODE_VERSION as __version__
 from .offload import OffloadConfig
-
-__version__ = "0.1.0"
 
 AutoConfig.register(OledLLaDA2Config.model_type, OledLLaDA2Config, exist_ok=True)
 AutoModel.register(OledLLaDA2Config, OledLLaDA2Model, exist_ok=True)

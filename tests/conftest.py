@@ -1,8 +1,11 @@
 """Shared fixtures: offline, deterministic, one tiny checkpoint per session."""
 
 import os
+import tempfile
 
 os.environ["HF_HUB_OFFLINE"] = "1"
+# trust_remote_code copies checkpoint code into a module cache: keep it out of the home folder.
+os.environ.setdefault("HF_MODULES_CACHE", tempfile.mkdtemp(prefix="oled-hf-modules-"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402

@@ -1,7 +1,7 @@
 """``oled-moe make-tiny``: a complete random-weight LLaDA2 checkpoint in the official layout.
 
 Sharded safetensors with the official tensor names, an index, ``config.json`` with ``auto_map``
-and shims, ``generation_config.json`` and a real trained tokenizer with LLaDA2's special tokens
+and the model's code files, ``generation_config.json`` and a real trained tokenizer with LLaDA2's special tokens
 and chat template. Deterministic for a seed, so tests and benchmarks are reproducible.
 """
 

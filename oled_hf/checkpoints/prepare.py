@@ -1,6 +1,6 @@
 """``oled-moe prepare SRC OUT``: make an official LLaDA2 checkpoint load as our classes.
 
-OUT gets a ``config.json`` naming our classes (every official field kept), the shim code files,
+OUT gets a ``config.json`` naming our classes (every official field kept), the model's code files,
 a ``generation_config.json`` with block-diffusion defaults, and *symlinks* to SRC's weight shards
 and tokenizer files: a 16B checkpoint is never copied.
 """
@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from ..modeling.auto_map import AUTO_MAP, write_code_shims
+from ..modeling.auto_map import AUTO_MAP, CODE_VERSION, write_model_code
 from ..modeling.configuration_oled_llada2 import OledLLaDA2Config
 
 LINKED_PATTERNS = ("*.safetensors", "model.safetensors.index.json", "tokenizer*", "special_tokens_map.json",
@@ -45,8 +45,9 @@ def prepare_checkpoint(src: str | os.PathLike, out: str | os.PathLike) -> Path:
     serialised = ours.to_dict()
     serialised["architectures"] = ["OledLLaDA2ForDiffusionLM"]
     serialised["auto_map"] = dict(AUTO_MAP)
+    serialised["oled_hf_version"] = CODE_VERSION
     (out / "config.json").write_text(json.dumps(serialised, indent=2, sort_keys=True, default=str) + "\n")
-    write_code_shims(out)
+    write_model_code(out)
     linked = []
     for pattern in LINKED_PATTERNS:
         for file in sorted(src.glob(pattern)):

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 from ..modeling import OledLLaDA2Config, OledLLaDA2ForDiffusionLM
-from ..modeling.auto_map import AUTO_MAP, write_code_shims
+from ..modeling.auto_map import AUTO_MAP, CODE_VERSION, write_model_code
 
 
 def _random_tensor(name: str, shape: torch.Size, dtype: torch.dtype, generator: torch.Generator, std: float):
@@ -58,9 +58,10 @@ def write_random_checkpoint(out_dir: str | os.PathLike, config: OledLLaDA2Config
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
     config_dict = config.to_dict()
     config_dict.update(architectures=["OledLLaDA2ForDiffusionLM"], auto_map=dict(AUTO_MAP),
+                       oled_hf_version=CODE_VERSION,
                        dtype=str(dtype).replace("torch.", ""))
     (out / "config.json").write_text(json.dumps(config_dict, indent=2, default=str))
-    write_code_shims(out)
+    write_model_code(out)
     gen = {"block_length": 32, "threshold": 0.95, "steps": 32, "max_new_tokens": 64, "do_sample": False,
            "eos_token_id": config.eos_token_id, "pad_token_id": config.pad_token_id,
            "mask_token_id": config.mask_token_id, **(generation or {})}

@@ -11,7 +11,7 @@ import argparse
 import sys
 import time
 
-from .serve import add_model_arguments
+from .common import add_model_arguments, standalone
 
 PROMPT = ">>> "
 HELP = """commands:
@@ -22,8 +22,14 @@ HELP = """commands:
 anything else is sent to the model as your next message"""
 
 
+DESCRIPTION = "chat with a model; replies stream block by block (reads a pipe too)"
+
+
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("chat", help="chat with a model; replies stream block by block (reads a pipe too)")
+    configure(sub.add_parser("chat", help=DESCRIPTION))
+
+
+def configure(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
     p.add_argument("--max-tokens", type=int, default=256, help="most tokens per reply")
     p.add_argument("--system", default=None, help="system prompt")
@@ -159,9 +165,7 @@ def chat(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``chat`` on its own (``python -m oled_hf.cli.chat --model ./tiny``), as ``oled-moe chat`` would."""
-    from .main import main as oled_moe
-
-    return oled_moe(["chat", *(sys.argv[1:] if argv is None else argv)])
+    return standalone("chat", configure, DESCRIPTION, argv)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("prepare", help="link an official LLaDA2 checkpoint so it loads as oled-hf classes")
     p.add_argument("src", help="official checkpoint folder (model_type llada2_moe)")
-    p.add_argument("out", help="output folder (config, shims, symlinks to SRC's weights)")
+    p.add_argument("out", help="output folder (config, model code, symlinks to SRC's weights)")
     p.set_defaults(func=prepare)
 
 

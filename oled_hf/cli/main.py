@@ -7,11 +7,11 @@ subcommand never touches the others.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from . import benchmark, chat, checkpoints, demo, serve, trace
 from . import eval as eval_cmd
+from .common import run_command
 
 COMMAND_MODULES = [checkpoints, demo, chat, serve, trace, benchmark, eval_cmd]
 
@@ -27,17 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
-    try:
-        return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"oled-moe {args.command}: error: {err}", file=sys.stderr)
-        return 2
+    return run_command(parser, args, args.command)
 
 
 if __name__ == "__main__":

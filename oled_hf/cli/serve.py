@@ -7,28 +7,19 @@ import ipaddress
 import os
 import sys
 
+from .common import add_model_arguments, standalone
+
 API_KEY_ENV = "OLED_MOE_API_KEY"
 
 
-def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    """Loading and decoding options shared by ``chat`` and ``serve``."""
-    from ..offload.config import KNOWN_POLICIES
-
-    p.add_argument("--model", default=None,
-                   help="checkpoint folder (default: the trained toy checkpoint, when available)")
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, or auto (cuda when available)")
-    p.add_argument("--cache-size", type=int, default=None,
-                   help="offload experts, keeping this many expert slots per MoE layer on the device")
-    p.add_argument("--policy", choices=KNOWN_POLICIES, default=None,
-                   help="expert-cache retention policy (with --cache-size; default oled)")
-    p.add_argument("--block-length", type=int, default=None,
-                   help="diffusion block length (default: the checkpoint's generation_config)")
-    p.add_argument("--threshold", type=float, default=None,
-                   help="confidence threshold to commit a token (default: the checkpoint's generation_config)")
+HELP = "serve one model over an OpenAI-compatible HTTP API (streams block by block)"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="serve one model over an OpenAI-compatible HTTP API (streams block by block)")
+    configure(sub.add_parser("serve", help=HELP))
+
+
+def configure(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
     p.add_argument("--served-model-name", default=None, help="model name clients use (default: the folder name)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
@@ -110,9 +101,7 @@ def serve(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``serve`` on its own (``python -m oled_hf.cli.serve --model ./tiny``), as ``oled-moe serve`` would."""
-    from .main import main as oled_moe
-
-    return oled_moe(["serve", *(sys.argv[1:] if argv is None else argv)])
+    return standalone("serve", configure, HELP, argv)
 
 
 if __name__ == "__main__":

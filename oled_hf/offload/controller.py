@@ -16,20 +16,22 @@ block end; the returned slot moves are in ``ctrl.last_moves``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from oled_hf.generation.events import IterationEvent, IterationObserver
+from oled_hf.modeling.events import IterationEvent, IterationObserver
 
 from .allocation import AdaptiveAllocator, uniform_capacities
-from .config import OffloadConfig
 from .costmodel import CostModel
 from .dispatch import Dispatcher
 from .planner import CacheState, LayerPlan, SlotMove
 from .policies import make_policy
 from .policies.base import as_numpy
 from .stats import CacheStats
+
+if TYPE_CHECKING:  # the config builds the runtime (OffloadConfig.attach): no import back
+    from .config import OffloadConfig
 
 
 class CacheController(IterationObserver):

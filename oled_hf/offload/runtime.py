@@ -11,18 +11,21 @@ the controller (policy, allocator) and, when asked, to a trace recorder.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from ..generation.events import IterationObserver
+from ..modeling.events import IterationObserver
 from ..modeling.experts import swiglu_expert
 from .cache import ExpertCache
-from .config import OffloadConfig
 from .controller import CacheController
 from .costmodel import CostModel
 from .executor import OffloadedExpertsExecutor, make_cpu_pool
 from .store import ExpertStore
+
+if TYPE_CHECKING:  # the config builds the runtime (OffloadConfig.attach): no import back
+    from .config import OffloadConfig
 
 TIMERS = ("policy", "copy", "gpu", "cpu", "cpu_wait")
 

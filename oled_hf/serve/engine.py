@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from ..generation.events import IterationObserver
+from ..modeling.events import IterationObserver
 from .metrics import Metrics
 from .streaming import BlockTextStreamer, LockedTokenizer
 
@@ -185,7 +185,7 @@ class Engine:
     def check(self, request: GenerationRequest) -> None:
         """Run generate's own parameter validation now, so that a bad request never waits in the queue."""
         try:
-            from ..generation.params import resolve_params
+            from ..modeling.params import resolve_params
         except ImportError:  # a model-agnostic engine: generate will validate
             return
         resolve_params(self.model.config, getattr(self.model, "generation_config", None),

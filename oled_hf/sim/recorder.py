@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..generation.events import IterationObserver
+from ..modeling.events import IterationObserver
 from .trace import KINDS, TraceWriter
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from oled_hf.generation.events import IterationEvent
+from oled_hf.modeling.events import IterationEvent
 
 from .trace import Trace, TraceWriter
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from oled_hf.generation.events import IterationEvent, IterationObserver
+from oled_hf.modeling.events import IterationEvent, IterationObserver
 
 KINDS = ("prefill", "denoise", "refresh")
 OP_FORWARD, OP_EVENT, OP_BLOCK_START, OP_BLOCK_END = 0, 1, 2, 3

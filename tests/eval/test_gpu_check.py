@@ -35,9 +35,10 @@ def test_gpu_check_shell_script_refuses_without_cuda():
 
 
 def test_streaming_writer_matches_model_layout(tmp_path):
+    from oled_hf.modeling import OledLLaDA2ForDiffusionLM
+
     from oled_hf.checkpoints.factory import make_config
     from oled_hf.checkpoints.streaming import write_random_checkpoint
-    from oled_hf.modeling import OledLLaDA2ForDiffusionLM
 
     path = write_random_checkpoint(tmp_path / "ck", make_config("tiny"), shard_bytes=2 << 20)
     index = json.loads((path / "model.safetensors.index.json").read_text())

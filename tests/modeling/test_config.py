@@ -2,7 +2,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from oled_hf.modeling import OledLLaDA2Config
 
 REAL = Path(__file__).resolve().parents[1] / "data" / "llada2.0-mini-config.json"  # verbatim copy

@@ -1,5 +1,4 @@
 import torch
-
 from oled_hf.modeling.cache import BlockKVCache
 from oled_hf.modeling.experts import RESIDENT_EXECUTOR
 from oled_hf.modeling.modeling_oled_llada2 import block_causal_mask

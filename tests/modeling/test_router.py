@@ -1,5 +1,4 @@
 import torch
-
 from oled_hf.modeling.configuration_oled_llada2 import OledLLaDA2Config
 from oled_hf.modeling.modeling_oled_llada2 import route_tokens
 

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 import torch
+from oled_hf.modeling.events import IterationEvent, IterationObserver
 
-from oled_hf.generation.events import IterationEvent, IterationObserver
 from oled_hf.offload.config import OffloadConfig
 from oled_hf.offload.policies import available_policies, make_policy
 from oled_hf.offload.policies.oled import COMMITTED, CONFIDENT, DECODED, FRESH, UNSURE

@@ -2,11 +2,11 @@
 
 import pytest
 import torch
+from oled_hf.modeling import OledLLaDA2ForDiffusionLM
 from transformers import AutoModelForCausalLM, pipeline
 
 import oled_hf  # noqa: F401
 from oled_hf import OffloadConfig
-from oled_hf.modeling import OledLLaDA2ForDiffusionLM
 
 POLICIES = ["oled", "lru", "lfu", "static", "tide"]
 # tiny: 32 experts per layer -> 1 slot, ~25%, ~40%, 100%

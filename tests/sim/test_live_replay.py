@@ -2,9 +2,9 @@
 
 import pytest
 import torch
+from oled_hf.modeling import OledLLaDA2ForDiffusionLM
 
 from oled_hf import OffloadConfig
-from oled_hf.modeling import OledLLaDA2ForDiffusionLM
 from oled_hf.sim import belady_min, load_trace, replay
 
 

@@ -4,10 +4,10 @@ import json
 
 import pytest
 import torch
+from oled_hf.modeling import OledLLaDA2ForDiffusionLM
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import oled_hf  # noqa: F401  (registers the Auto classes)
-from oled_hf.modeling import OledLLaDA2ForDiffusionLM
 from oled_hf.toy import TOY_CHECKPOINT
 from oled_hf.toy.data import ToyEncoding, answer_text, heldout_pairs
 from oled_hf.toy.evaluate import block_diffusion_decode, decode_text, evaluate_checkpoint
@@ -66,7 +66,7 @@ def test_decoder_with_block_16_and_single_prompt(model, tokenizer):
 
 def test_generate_matches_task(model, tokenizer):
     """The team's ``model.generate`` (generation_config defaults: block 8, threshold 0.9) solves the task too."""
-    from oled_hf.generation.mixin import DiffusionGenerationMixin
+    from oled_hf.modeling.generation_oled_llada2 import DiffusionGenerationMixin
 
     if "generate" not in DiffusionGenerationMixin.__dict__:
         pytest.skip("block-diffusion generate is not available yet")

@@ -2,12 +2,12 @@ import json
 
 import pytest
 import torch
+from oled_hf.modeling import OledLLaDA2ForDiffusionLM
+from oled_hf.modeling.experts import RESIDENT_EXECUTOR
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
 import oled_hf  # noqa: F401  (registers the Auto classes)
-from oled_hf.modeling import OledLLaDA2ForDiffusionLM
-from oled_hf.modeling.experts import RESIDENT_EXECUTOR
 from oled_hf.toy import data, train_toy
 from oled_hf.toy.tokenizer import build_toy_tokenizer
 from oled_hf.toy.train import (

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from oled_hf.generation.events import IterationObserver
+from oled_hf.modeling.events import IterationObserver
 
 _REGISTRY: dict[str, type[CachePolicy]] = {}
 MAX_REUSE = 32.0

@@ -164,7 +164,7 @@ class _BlockDecoder:
         return out.logits.to("cpu")
 
     def run(self, prompts, input_ids, streamer) -> DiffusionGenerateOutput:
-        from ..modeling.cache import BlockKVCache
+        from .cache import BlockKVCache
 
         p = self.p
         self.canvas = c = build_canvas([q.cpu() for q in prompts], p.max_new_tokens, p.block_length,

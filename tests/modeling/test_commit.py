@@ -1,6 +1,5 @@
 import torch
-
-from oled_hf.generation.commit import choose_tokens, commit_dinfer, commit_official, transfer_schedule
+from oled_hf.modeling.commit import choose_tokens, commit_dinfer, commit_official, transfer_schedule
 
 NEG = float("-inf")
 

@@ -21,11 +21,11 @@ from transformers import PreTrainedModel
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import ModelOutput
 
-from ..generation.mixin import DiffusionGenerationMixin
-from .auto_map import AUTO_MAP, write_code_shims
+from .auto_map import AUTO_MAP, CODE_VERSION, warn_on_code_version, write_model_code
 from .cache import BlockKVCache
 from .configuration_oled_llada2 import OledLLaDA2Config
 from .experts import RESIDENT_EXECUTOR, ExpertsExecutor
+from .generation_oled_llada2 import DiffusionGenerationMixin
 
 
 @dataclass
@@ -293,10 +293,11 @@ class OledLLaDA2PreTrainedModel(PreTrainedModel):
         return model
 
     def save_pretrained(self, save_directory, *args, **kwargs):
-        """Save with an ``auto_map`` naming our shims, whichever way the model was loaded.
+        """Save with the model's source files and a full ``auto_map``, whichever way it was loaded.
 
         A model loaded through ``trust_remote_code`` has ``_auto_class`` set, which would make the
-        base class copy the package's source files and rewrite only one ``auto_map`` entry.
+        base class copy only the files it can see and rewrite one ``auto_map`` entry; we copy every
+        file of ``CODE_FILES`` ourselves instead.
         """
         extra = self.extra_state_for_save() if hasattr(self, "extra_state_for_save") else {}
         if extra:
@@ -307,12 +308,13 @@ class OledLLaDA2PreTrainedModel(PreTrainedModel):
         saved = model_cls._auto_class, config_cls._auto_class
         model_cls._auto_class = config_cls._auto_class = None
         self.config.auto_map = dict(AUTO_MAP)
+        self.config.oled_hf_version = CODE_VERSION
         try:
             super().save_pretrained(save_directory, *args, **kwargs)
         finally:
             model_cls._auto_class, config_cls._auto_class = saved
         if kwargs.get("is_main_process", True):
-            write_code_shims(save_directory)
+            write_model_code(save_directory)
 
     @torch.no_grad()
     def _init_weights(self, module):
@@ -417,6 +419,7 @@ class OledLLaDA2ForDiffusionLM(OledLLaDA2PreTrainedModel, DiffusionGenerationMix
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
         model = super().from_pretrained(*args, **kwargs)
+        warn_on_code_version(model.config)
         offload = model.__dict__.pop("_pending_offload", None)
         if offload is not None:
             files = model.__dict__.pop("_checkpoint_files", None)

@@ -2,9 +2,8 @@ import threading
 
 import pytest
 import torch
+from oled_hf.modeling.events import IterationObserver
 from transformers import TextIteratorStreamer, TextStreamer
-
-from oled_hf.generation.events import IterationObserver
 
 
 def _chat(tok, text):

@@ -1,1 +1,0 @@
-"""Block-diffusion decoding: the generation mixin, commit rules, streaming and iteration events."""
