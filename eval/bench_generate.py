@@ -17,8 +17,9 @@ import torch
 
 
 def load_small(path: Path):
-    from oled_hf.checkpoints.factory import make_checkpoint
     from oled_hf.modeling import OledLLaDA2ForDiffusionLM
+
+    from oled_hf.checkpoints.factory import make_checkpoint
 
     if not (path / "config.json").is_file():
         make_checkpoint(path, preset="small", seed=0)

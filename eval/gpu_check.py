@@ -18,12 +18,12 @@ import time
 from pathlib import Path
 
 import torch
+from oled_hf.modeling import OledLLaDA2Config, OledLLaDA2ForDiffusionLM
 
 import oled_hf  # noqa: F401
 from oled_hf import OffloadConfig
 from oled_hf.checkpoints.presets import preset_config_kwargs
 from oled_hf.checkpoints.streaming import write_random_checkpoint
-from oled_hf.modeling import OledLLaDA2Config, OledLLaDA2ForDiffusionLM
 
 MINI = dict(vocab_size=157184, hidden_size=2048, num_hidden_layers=20, num_attention_heads=16, num_key_value_heads=4,
             head_dim=128, rotary_dim=64, intermediate_size=5120, num_experts=256, num_experts_per_tok=8,
