@@ -17,6 +17,11 @@ from typing import Any
 
 ROLES = ("system", "developer", "user", "assistant")
 MAX_STOP_SEQUENCES = 4
+SEED_RANGE = (-(2**63), 2**63 - 1)  # OpenAI: a 64-bit signed integer
+# Below this, logits / temperature overflows float32 (1e-300 gives inf, then NaN probabilities), so
+# sampling cannot be computed; vLLM clamps to the same floor. 0 still means greedy.
+MIN_TEMPERATURE = 1e-2
+MAX_TEMPERATURE = 2.0
 
 
 class APIError(Exception):
@@ -62,13 +67,55 @@ class CompletionRequest(GenerationOptions):
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
+    """Decode a request body; refuse what ``json`` accepts but nothing downstream can handle.
+
+    Python's ``json`` raises RecursionError on deep nesting (``[`` x 100000), and it decodes
+    ``"\\ud800"`` into a lone surrogate that cannot be encoded again (tokenizers and even the
+    error answer would fail on it): both are the client's error, so both are a 400 here.
+    """
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise bad(f"the request body is not valid JSON ({err})", code="invalid_json") from None
+    except RecursionError:
+        raise bad("the request body is nested too deeply to parse (JSON arrays/objects nested about 1000 levels "
+                  "or more)", code="invalid_json") from None
     if not isinstance(body, dict):
         raise bad(f"the request body must be a JSON object, got {type(body).__name__}", code="invalid_json")
+    where = _lone_surrogate(body)
+    if where is not None:
+        raise bad(f"{where or 'the request body'} contains a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff "
+                  "escape): strings must be valid Unicode", param=where or None, code="invalid_json")
     return body
+
+
+def _lone_surrogate(body: Any) -> str | None:
+    """The path (``messages[0].content``) of the first string, or key, that is not valid Unicode; else None.
+
+    Iterative, so that the deepest body ``json`` can parse cannot overflow the stack here.
+    """
+    stack: list[tuple[str, Any]] = [("", body)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            if not _encodable(value):
+                return path
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if not _encodable(key):
+                    return path or key.encode("utf-8", "backslashreplace").decode()
+                stack.append((f"{path}.{key}" if path else key, item))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", item) for i, item in enumerate(value))
+    return None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _is_int(value: Any) -> bool:
@@ -158,11 +205,20 @@ def _options(body: dict, out: GenerationOptions) -> None:
     limit = _opt_int(body, "max_completion_tokens", 1)
     out.max_tokens = _opt_int(body, "max_tokens", 1) if limit is None else limit
     out.stop = _stop(body)
-    out.temperature = _opt_number(body, "temperature", 0.0, 2.0)
+    out.temperature = _temperature(body)
     out.top_p = _opt_number(body, "top_p", 0.0, 1.0, low_open=True)
-    out.seed = _opt_int(body, "seed", -(2**63))
+    out.seed = _opt_int(body, "seed", *SEED_RANGE)
     out.block_length = _opt_int(body, "block_length", 1)
     out.threshold = _opt_number(body, "threshold", 0.0, 1.0)
+
+
+def _temperature(body: dict) -> float | None:
+    """0 (greedy) or [MIN_TEMPERATURE, MAX_TEMPERATURE]; tinier values would overflow the sampler."""
+    value = _opt_number(body, "temperature", 0.0, MAX_TEMPERATURE)
+    if value is not None and 0.0 < value < MIN_TEMPERATURE:
+        raise bad(f"'temperature' must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}], got {value:g}: "
+                  "smaller values overflow the sampler", param="temperature", code="invalid_value")
+    return value
 
 
 def _content(message: dict, i: int) -> str:
