@@ -50,7 +50,7 @@ class Metrics:
         self.requests: dict[tuple[str, int], int] = defaultdict(int)
         self.prompt_tokens = 0
         self.generated_tokens = 0
-        self.generations = {"completed": 0, "aborted": 0, "failed": 0}
+        self.generations = {"completed": 0, "aborted": 0, "timed_out": 0, "failed": 0}
         self.rejected = 0
         self._tpot_counts = [0] * (len(TPOT_BUCKETS) + 1)
         self._tpot_sum = 0.0
