@@ -1,10 +1,12 @@
-"""The OpenAI-compatible HTTP API: ``create_app(engine, served_model_name, api_key=None)``.
+"""The OpenAI-compatible HTTP API: ``create_app(engine, served_model_name, api_key=None, limits=Limits())``.
 
-Handlers validate and tokenize on the event loop, then hand the request to the engine's worker
-and wait for its events on an asyncio queue. A streamed answer starts only once decoding has
-begun, so anything ``generate`` refuses still gets a plain 400; after that the client receives one
-SSE chunk per completed diffusion block. A client that leaves (while queued or mid-stream) sets
-the request's ``cancelled`` flag, which frees the worker at the next block boundary.
+Handlers validate on the event loop and tokenize in a thread (a long prompt must not freeze
+``/health`` or other clients), then hand the request to the engine's worker and wait for its events
+on an asyncio queue. A streamed answer starts only once decoding has begun, so anything
+``generate`` refuses still gets a plain 400; after that the client receives one SSE chunk per
+completed diffusion block. A client that leaves (while queued, waiting for a whole answer, or
+mid-stream) is noticed at once: a queued request gives up its place, a running one stops after the
+current diffusion iteration. Body size, read time and connections are bounded by :mod:`.guard`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import asyncio
 import contextlib
 import hmac
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -24,10 +27,11 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .engine import Engine, GenerationRequest, QueueFull
+from .guard import Guard, Limits, api_key_problem
 from .metrics import offload_figures
 from .protocol import APIError, GenerationOptions, parse_chat, parse_completion, parse_json, resolve_max_tokens
 
-POLL_SECONDS = 0.2  # how often a waiting, non-streaming handler checks that its client is still there
+logger = logging.getLogger(__name__)
 
 
 def _error_response(err: APIError) -> JSONResponse:
@@ -35,30 +39,13 @@ def _error_response(err: APIError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=headers)
 
 
-class _CountRequests:
-    """Pure ASGI middleware (it must not buffer streams): counts requests by endpoint and status."""
-
-    def __init__(self, app, metrics):
-        self.app, self.metrics = app, metrics
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        status = 500
-
-        async def send_and_note(message):
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_and_note)
-        finally:
-            self.metrics.count_request(scope["path"], status)
-
-
-def create_app(engine: Engine, served_model_name: str, api_key: str | None = None) -> FastAPI:
+def create_app(engine: Engine, served_model_name: str, api_key: str | None = None,
+               limits: Limits | None = None) -> FastAPI:
+    """The app; ``api_key`` (when given) guards /v1, /metrics and /openapi.json; /health stays open."""
+    problem = api_key_problem(api_key)
+    if problem:
+        raise ValueError(problem)
+    limits = limits or Limits()
     created = int(time.time())
 
     @contextlib.asynccontextmanager
@@ -66,8 +53,8 @@ def create_app(engine: Engine, served_model_name: str, api_key: str | None = Non
         engine.start()
         yield
 
-    app = FastAPI(title="oled-hf", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.add_middleware(_CountRequests, metrics=engine.metrics)
+    app = FastAPI(title="oled-hf", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(Guard, metrics=engine.metrics, limits=limits)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, err: APIError):
@@ -108,6 +95,11 @@ def create_app(engine: Engine, served_model_name: str, api_key: str | None = Non
         text = engine.metrics.render(engine.queue_depth, engine.running, offload_figures(engine.model))
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi(request: Request):
+        authorize(request)  # the schema tells a scanner what to call: behind the key like the API
+        return JSONResponse(app.openapi())
+
     @app.get("/v1/models")
     async def list_models(request: Request):
         authorize(request)
@@ -124,10 +116,12 @@ def create_app(engine: Engine, served_model_name: str, api_key: str | None = Non
         authorize(request)
         req = parse_chat(parse_json(await request.body()))
         check_model(req.model)
+        refuse_if_surely_too_long(sum(len(m["content"]) for m in req.messages), "messages")
         try:
-            input_ids = engine.encode_chat(req.messages)
+            input_ids = await asyncio.to_thread(engine.encode_chat, req.messages)
         except Exception as err:  # the chat template refused the conversation
             raise APIError(400, f"the chat template could not render 'messages': {err}", param="messages") from None
+        refuse_mask(input_ids, "messages")
         return await _generate(request, req, input_ids, "messages", chat=True)
 
     @app.post("/v1/completions")
@@ -142,8 +136,25 @@ def create_app(engine: Engine, served_model_name: str, api_key: str | None = Non
                                code="invalid_value")
             input_ids = torch.tensor([req.prompt], dtype=torch.long)
         else:
-            input_ids = engine.encode_text(req.prompt)
+            refuse_if_surely_too_long(len(req.prompt), "prompt")
+            input_ids = await asyncio.to_thread(engine.encode_text, req.prompt)
+        refuse_mask(input_ids, "prompt")
         return await _generate(request, req, input_ids, "prompt", chat=False)
+
+    def refuse_if_surely_too_long(chars: int, param: str) -> None:
+        """Refuse, without tokenizing, text that cannot fit the context however it tokenizes."""
+        at_least = engine.min_tokens(chars)
+        if at_least > engine.context_length:
+            raise APIError(400, f"the prompt has {chars} characters, at least {at_least} tokens: more than the "
+                                f"model's context of {engine.context_length} tokens", param=param,
+                           code="context_length_exceeded")
+
+    def refuse_mask(input_ids: torch.Tensor, param: str) -> None:
+        mask = engine.mask_token_id
+        if mask is not None and bool((input_ids == mask).any()):
+            raise APIError(400, f"the prompt contains the mask token (id {mask}), which the diffusion decoder would "
+                                "overwrite: remove it (chat content keeps such text as text)", param=param,
+                           code="invalid_value")
 
     async def _generate(request: Request, req: GenerationOptions, input_ids, prompt_param: str, chat: bool):
         block = req.block_length or engine.block_length
@@ -167,51 +178,68 @@ def create_app(engine: Engine, served_model_name: str, api_key: str | None = Non
             raise APIError(429, str(err), code="queue_full", type="rate_limit_error") from None
         except ValueError as err:
             raise APIError(400, str(err)) from None
+        watcher = asyncio.create_task(_watch_disconnect(request, engine, job, events))
         try:
-            first = await _next_event(request, events, job)
+            first = await _next_event(events)
             if first[0] == "error":
                 _raise_event_error(first)
             ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
             shape = _Shape(ident, served_model_name, chat)
-            if req.stream:
-                return _JobStream(job, _sse(shape, first, events, job, req.include_usage))
+            if req.stream:  # from here the response watches its client itself
+                watcher.cancel()
+                return _JobStream(engine, job, _sse(shape, first, events, engine, job, req.include_usage))
             pieces = []
-            while (event := await _next_event(request, events, job))[0] == "delta":
+            while (event := await _next_event(events))[0] == "delta":
                 pieces.append(event[1])
             if event[0] == "error":
                 _raise_event_error(event)
             return shape.whole("".join(pieces), event[1], event[2])
         except BaseException:
-            job.cancelled.set()
+            engine.cancel(job)
             raise
+        finally:
+            watcher.cancel()
 
     return app
 
 
-async def _next_event(request: Request, events: asyncio.Queue, job: GenerationRequest) -> tuple:
-    """The worker's next event; a client that has left cancels the job (only before a response has started)."""
-    while True:
-        try:
-            return await asyncio.wait_for(events.get(), POLL_SECONDS)
-        except asyncio.TimeoutError:
-            if await request.is_disconnected():
-                job.cancelled.set()
-                raise APIError(499, "the client closed the request", code="client_closed_request") from None
+GONE = ("gone",)
+
+
+async def _watch_disconnect(request: Request, engine: Engine, job: GenerationRequest, events: asyncio.Queue) -> None:
+    """Wait for the client to hang up; then cancel the job at once and wake the handler.
+
+    The body has been read already, so the only message left to receive is ``http.disconnect``.
+    Waiting for it (rather than polling between events) notices a departure even while blocks
+    keep arriving, and frees a queued request's place immediately.
+    """
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    engine.cancel(job)
+    events.put_nowait(GONE)
+
+
+async def _next_event(events: asyncio.Queue) -> tuple:
+    """The worker's next event; the client's departure (from the watcher) becomes a 499."""
+    event = await events.get()
+    if event is GONE:
+        raise APIError(499, "the client closed the request", code="client_closed_request")
+    return event
 
 
 class _JobStream(StreamingResponse):
     """An SSE response that cancels its job however it ends (finished, client gone, server stopping)."""
 
-    def __init__(self, job: GenerationRequest, content: AsyncIterator[str]):
+    def __init__(self, engine: Engine, job: GenerationRequest, content: AsyncIterator[str]):
         super().__init__(content, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self.job = job
+        self.engine, self.job = engine, job
 
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self.job.cancelled.set()
+            self.engine.cancel(self.job)
 
 
 def _raise_event_error(event: tuple) -> None:
@@ -256,7 +284,7 @@ def _sse_line(payload: dict | str) -> str:
     return f"data: {data}\n\n"
 
 
-async def _sse(shape: _Shape, first: tuple, events: asyncio.Queue, job: GenerationRequest,
+async def _sse(shape: _Shape, first: tuple, events: asyncio.Queue, engine: Engine, job: GenerationRequest,
                include_usage: bool) -> AsyncIterator[str]:
     """One chunk per completed block; a disconnect cancels this generator, which cancels the job."""
     def with_usage(chunk: dict) -> dict:
@@ -281,4 +309,4 @@ async def _sse(shape: _Shape, first: tuple, events: asyncio.Queue, job: Generati
                 return
             event = await events.get()
     finally:
-        job.cancelled.set()
+        engine.cancel(job)
