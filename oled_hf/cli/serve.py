@@ -33,7 +33,36 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--insecure", action="store_true",
                    help="allow a non-loopback --host without --api-key")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    add_limit_arguments(p)
     p.set_defaults(func=serve)
+
+
+def add_limit_arguments(p: argparse.ArgumentParser) -> None:
+    """The bounds that keep one client from stalling the server (oled_hf.serve.guard.Limits)."""
+    from ..serve.guard import Limits
+
+    d = Limits()
+    p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes,
+                   help=f"largest request body accepted; larger ones get 413 (default: {d.max_body_bytes})")
+    p.add_argument("--request-timeout", type=float, default=d.request_timeout,
+                   help="seconds one request may spend generating before it is stopped with a 504; 0 for no limit "
+                        f"(default: {d.request_timeout:g})")
+    p.add_argument("--read-timeout", type=float, default=d.read_timeout,
+                   help="seconds a client may take to send a request's headers, and then its body; slower "
+                        f"connections are closed (headers) or answered 408 (body) (default: {d.read_timeout:g})")
+    p.add_argument("--keep-alive-timeout", type=float, default=d.keep_alive,
+                   help="seconds an idle keep-alive connection stays open after a response "
+                        f"(default: {d.keep_alive:g})")
+    p.add_argument("--max-connections", type=int, default=d.max_connections,
+                   help=f"open connections at once; requests beyond get 503 (default: {d.max_connections})")
+
+
+def limits_from(args: argparse.Namespace):
+    from ..serve.guard import Limits
+
+    return Limits(max_body_bytes=args.max_body_bytes, read_timeout=args.read_timeout,
+                  keep_alive=args.keep_alive_timeout, max_connections=args.max_connections,
+                  request_timeout=args.request_timeout or None)
 
 
 def is_loopback(host: str) -> bool:
@@ -47,6 +76,11 @@ def is_loopback(host: str) -> bool:
 
 def check_options(args: argparse.Namespace) -> str | None:
     """Why these options must not start a server, or None."""
+    from ..serve.guard import api_key_problem
+
+    key_problem = api_key_problem(args.api_key)
+    if key_problem:
+        return f"{key_problem} (it may come from ${API_KEY_ENV})"
     if not is_loopback(args.host) and not args.api_key and not args.insecure:
         return (f"refusing to listen on {args.host} without --api-key: anyone who can reach this address could "
                 "use the model. Pass --api-key KEY (clients then send 'Authorization: Bearer KEY'), bind to "
@@ -61,7 +95,21 @@ def check_options(args: argparse.Namespace) -> str | None:
         return f"--block-length {args.block_length} is invalid: must be at least 1"
     if args.threshold is not None and not 0.0 <= args.threshold <= 1.0:
         return f"--threshold {args.threshold} is invalid: must be between 0 and 1"
-    return None
+    if args.request_timeout is not None and args.request_timeout < 0:
+        return f"--request-timeout {args.request_timeout:g} is invalid: must be 0 (no limit) or more seconds"
+    problems = limits_from(args).problems()
+    return problems[0] if problems else None
+
+
+def insecure_warning(args: argparse.Namespace) -> str | None:
+    """A loud banner when --insecure really exposes the model (a non-loopback host, no key)."""
+    if not args.insecure or args.api_key or is_loopback(args.host):
+        return None
+    line = "!" * 78
+    return (f"{line}\nWARNING: serving on {args.host}:{args.port} WITHOUT AUTHENTICATION (--insecure).\n"
+            "Anyone who can reach this address can run the model, read /metrics and fill the queue.\n"
+            "Use --api-key KEY (or $OLED_MOE_API_KEY), or bind to 127.0.0.1.\n"
+            f"{line}")
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -84,16 +132,21 @@ def serve(args: argparse.Namespace) -> int:
     path = resolve_model_path(args.model)
     name = args.served_model_name or Path(path).resolve().name
     model, tokenizer = load_model(path, device=args.device, cache_size=args.cache_size, policy=args.policy)
+    limits = limits_from(args)
     engine = Engine(model, tokenizer, max_queue=args.max_queue, default_max_tokens=args.default_max_tokens,
-                    block_length=args.block_length, threshold=args.threshold)
-    app = create_app(engine, name, api_key=args.api_key)
+                    block_length=args.block_length, threshold=args.threshold, request_timeout=limits.request_timeout)
+    app = create_app(engine, name, api_key=args.api_key, limits=limits)
+    warning = insecure_warning(args)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     offload = "on" if args.cache_size is not None else "off"
     print(f"oled-moe serve: model '{name}' from {path} on {model.device} (offloading {offload}); "
           f"OpenAI API at http://{args.host}:{args.port}/v1"
           f"{' (API key required)' if args.api_key else ''}", file=sys.stderr, flush=True)
     try:
         # open streams get a few seconds to finish on Ctrl-C; then they are cut (and their generation aborted)
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5,
+                    **limits.uvicorn_options())
     finally:
         engine.stop()
     return 0

@@ -242,9 +242,13 @@ class _JobStream(StreamingResponse):
             self.engine.cancel(self.job)
 
 
+EVENT_CODES = {499: "client_closed_request", 504: "request_timeout"}
+
+
 def _raise_event_error(event: tuple) -> None:
     _, status, message = event
-    raise APIError(status, message, type="invalid_request_error" if status < 500 else "server_error")
+    raise APIError(status, message, type="invalid_request_error" if status < 500 else "server_error",
+                   code=EVENT_CODES.get(status))
 
 
 class _Shape:
@@ -304,7 +308,8 @@ async def _sse(shape: _Shape, first: tuple, events: asyncio.Queue, engine: Engin
                 yield _sse_line("[DONE]")
                 return
             elif event[0] == "error":  # headers are gone: report in-band, as OpenAI does
-                yield _sse_line(APIError(event[1], event[2]).body())
+                yield _sse_line(APIError(event[1], event[2], code=EVENT_CODES.get(event[1]),
+                                         type="invalid_request_error" if event[1] < 500 else "server_error").body())
                 yield _sse_line("[DONE]")
                 return
             event = await events.get()
