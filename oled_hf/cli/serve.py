@@ -54,7 +54,8 @@ def add_limit_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds an idle keep-alive connection stays open after a response "
                         f"(default: {d.keep_alive:g})")
     p.add_argument("--max-connections", type=int, default=d.max_connections,
-                   help=f"open connections at once; requests beyond get 503 (default: {d.max_connections})")
+                   help="open connections kept; past it a new connection closes the oldest idle one, and beyond "
+                        f"16 more with requests running uvicorn answers 503 (default: {d.max_connections})")
 
 
 def limits_from(args: argparse.Namespace):

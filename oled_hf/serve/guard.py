@@ -8,8 +8,9 @@
   the app into an OpenAI-style 500 without closing the connection, and counts requests for
   ``/metrics``.
 * :func:`guarded_protocol` closes connections that open and never finish a request's headers
-  (uvicorn only times out idle connections *after* a response), so idle sockets cannot pile up
-  until the process runs out of file descriptors.
+  (uvicorn only times out idle connections *after* a response), and at the connection limit closes
+  the oldest idle one, so idle sockets cannot pile up until the process runs out of file
+  descriptors or crowd out clients that do send requests.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import asyncio
 import json
 import logging
 import re
+import time
 from dataclasses import dataclass
 
 from .protocol import APIError
@@ -35,7 +37,7 @@ class Limits:
     max_body_bytes: int = 1 << 20  # 1 MiB: far more than any context's worth of JSON text
     read_timeout: float = 10.0  # seconds to send a request's headers, and then its body
     keep_alive: float = 5.0  # seconds an idle keep-alive connection stays open after a response
-    max_connections: int = 128  # open connections; more are answered 503 by uvicorn
+    max_connections: int = 128  # open connections; past it the oldest idle one is closed
     request_timeout: float | None = 300.0  # seconds of generation per request (None: no limit)
 
     def problems(self) -> list[str]:
@@ -54,8 +56,9 @@ class Limits:
 
     def uvicorn_options(self) -> dict:
         """Keyword arguments for ``uvicorn.run`` / ``uvicorn.Config`` that apply these limits."""
-        return {"timeout_keep_alive": self.keep_alive, "limit_concurrency": self.max_connections,
-                "http": guarded_protocol(self.read_timeout)}
+        # uvicorn's own limit (503) sits above ours, which evicts idle connections first
+        return {"timeout_keep_alive": self.keep_alive, "limit_concurrency": self.max_connections + 16,
+                "http": guarded_protocol(self.read_timeout, self.max_connections)}
 
 
 def api_key_problem(key: str | None) -> str | None:
@@ -165,22 +168,29 @@ async def _collect(receive, limit: int) -> bytes | None:
             return b"".join(chunks)
 
 
-def guarded_protocol(header_timeout: float) -> type:
-    """uvicorn's HTTP protocol class, closing a connection that does not complete a request's headers in time.
+def guarded_protocol(header_timeout: float, max_connections: int | None = None) -> type:
+    """uvicorn's HTTP protocol class, hardened against connections that hold a socket and send nothing.
 
-    The timer starts when the connection opens and again after each response; it is disarmed when
-    the protocol starts a request cycle (headers complete). After a response, uvicorn's own
-    keep-alive timeout usually closes the idle connection first.
+    * A connection must complete a request's headers within ``header_timeout`` seconds of opening
+      (and of each response; uvicorn's keep-alive timeout usually closes it first). uvicorn itself
+      never times out a connection that has not sent a request yet.
+    * At ``max_connections`` open connections, a new one closes the oldest *idle* connection (no
+      request in progress), so idle sockets cannot crowd out clients that do send requests, nor
+      run the process out of file descriptors. Connections with a request running are never cut.
     """
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
     class GuardedHTTPProtocol(AutoHTTPProtocol):
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
+            self._idle_since = time.monotonic()
+            if max_connections is not None and len(self.connections) > max_connections:
+                self._evict_oldest_idle()
             self._arm_header_timer()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
+            self._idle_since = time.monotonic()
             self._arm_header_timer()
 
         def connection_lost(self, exc) -> None:
@@ -189,12 +199,23 @@ def guarded_protocol(header_timeout: float) -> type:
                 timer.cancel()
             super().connection_lost(exc)
 
+        def _is_idle(self) -> bool:
+            return self.cycle is None or self.cycle.response_complete
+
+        def _evict_oldest_idle(self) -> None:
+            idle = [c for c in self.connections if c is not self and getattr(c, "_is_idle", lambda: False)()
+                    and not c.transport.is_closing()]
+            if idle:
+                oldest = min(idle, key=lambda c: c._idle_since)
+                logger.info("closing an idle connection: %d connections are open (--max-connections)",
+                            len(self.connections))
+                oldest.transport.close()
+
         def _arm_header_timer(self) -> None:
             timer = getattr(self, "_header_timer", None)
             if timer is not None:
                 timer.cancel()
-            cycle = self.cycle
-            self._header_timer = self.loop.call_later(header_timeout, self._headers_overdue, cycle)
+            self._header_timer = self.loop.call_later(header_timeout, self._headers_overdue, self.cycle)
 
         def _headers_overdue(self, cycle_when_armed) -> None:
             # no request began since the timer was armed (idle, or headers trickling in): close.

@@ -123,18 +123,27 @@ def test_idle_and_slow_header_connections_are_closed(limited):
         assert _closed_within(kept, 3)
 
 
-def test_connection_limit_then_recovery(limited):
-    """More idle sockets than the limit: new requests get 503 instead of stalling, and recover once they close."""
-    hogs = [_connect(limited.port) for _ in range(SMALL["max_connections"])]
-    try:
-        time.sleep(0.1)
-        with httpx.Client(base_url=limited.url, timeout=10, trust_env=False) as c:
-            assert c.get("/health").status_code == 503
-        assert all(_closed_within(h, 3) for h in hogs)
-    finally:
-        for h in hogs:
-            h.close()
-    _healthy(limited.url)
+def test_idle_sockets_past_the_limit_do_not_crowd_out_requests(engine):
+    """More idle sockets than --max-connections: the oldest idle ones are closed at once (long before the
+    read timeout), and requests are served without waiting."""
+    from oled_hf.serve.app import create_app
+    from oled_hf.serve.guard import Limits
+
+    limits = Limits(max_connections=6, read_timeout=30)
+    with LiveServer(create_app(engine, "tiny", limits=limits), **limits.uvicorn_options()) as live:
+        port = int(live.url.rsplit(":", 1)[1])
+        hogs = [_connect(port) for _ in range(10)]
+        try:
+            start = time.monotonic()
+            with httpx.Client(base_url=live.url, timeout=10, trust_env=False) as c:
+                assert c.get("/health").status_code == 200
+                assert c.post(CHAT, json=GOOD).status_code == 200
+            assert time.monotonic() - start < 5
+            assert all(_closed_within(h, 1) for h in hogs[:4]), "the oldest idle sockets should have been closed"
+            assert not _closed_within(hogs[-1], 0.2)  # the newest are kept (until --read-timeout)
+        finally:
+            for h in hogs:
+                h.close()
 
 
 # ---- 4: clients that leave, and the time limit ----------------------------------------------------
