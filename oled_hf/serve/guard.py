@@ -56,8 +56,12 @@ class Limits:
 
     def uvicorn_options(self) -> dict:
         """Keyword arguments for ``uvicorn.run`` / ``uvicorn.Config`` that apply these limits."""
-        # uvicorn's own limit (503) sits above ours, which evicts idle connections first
+        # uvicorn's own limit (503) sits above ours, which evicts idle connections first. The listen
+        # backlog is also how many connections asyncio accepts in one burst (uvicorn's default, 2048,
+        # would open that many descriptors at once under a flood, before any eviction could run), so
+        # it is kept at half the connection limit: at most ~1.5 x max_connections sockets are open.
         return {"timeout_keep_alive": self.keep_alive, "limit_concurrency": self.max_connections + 16,
+                "backlog": max(16, self.max_connections // 2),
                 "http": guarded_protocol(self.read_timeout, self.max_connections)}
 
 

@@ -1,0 +1,359 @@
+"""Replay every hostile request of issue 13 against a real ``oled-moe serve``, loopback only, bounded.
+
+Starts ``python -m oled_hf.cli.serve`` on a free 127.0.0.1 port (a fresh tiny checkpoint unless
+``--model`` is given; 256 file descriptors, an API key, short read and request timeouts), then runs
+each case while a monitor polls ``/health`` on a new connection every 0.25 s. After every case a
+normal request must still get a 200. Prints one line per case: what came back, whether it was the
+expected answer, the slowest /health answer during the case, and whether the next request was served;
+then the server's RSS and open descriptors. Exit status 0 only if every case passed.
+
+    .venv/bin/python eval/attack.py            # about a minute on 2 CPU cores
+
+Every socket goes to 127.0.0.1; every wait has a timeout; the server is stopped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+KEY = "attack-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+CHAT = "/v1/chat/completions"
+FD_LIMIT = 256  # the server's descriptor limit: the idle-socket flood used to exhaust it
+LONG = 4000  # tokens: minutes of decoding unless an abort works
+
+
+def _chat(content: str = "hi", max_tokens: int = 8, **extra) -> dict:
+    return {"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, "block_length": 8,
+            **extra}
+
+
+class Server:
+    """The CLI server in a subprocess, with a /health monitor thread."""
+
+    def __init__(self, model: str, args):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "oled_hf.cli.serve", "--model", model, "--host", "127.0.0.1",
+               "--port", str(self.port), "--api-key", KEY, "--block-length", "8", "--default-max-tokens", "8",
+               "--max-queue", "2", "--read-timeout", str(args.read_timeout), "--request-timeout",
+               str(args.request_timeout), "--max-body-bytes", str(args.max_body_bytes), "--log-level", "error"]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+        # stderr goes to a file: a pipe nobody reads fills up and would freeze the server's event loop
+        self.log = tempfile.TemporaryFile("w+")
+        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=self.log, text=True,
+                                     preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE,
+                                                                           (FD_LIMIT, FD_LIMIT)))
+        self.slowest, self.failures, self._stop = 0.0, 0, threading.Event()
+
+    def wait_ready(self, seconds: float = 90) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.log.seek(0)
+                raise RuntimeError(f"the server exited: {self.log.read()[-2000:]}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2, trust_env=False).status_code == 200:
+                    threading.Thread(target=self._monitor, daemon=True).start()
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError("the server did not start")
+
+    def _monitor(self) -> None:
+        while not self._stop.is_set():
+            start = time.monotonic()
+            try:
+                ok = httpx.get(f"{self.url}/health", timeout=5, trust_env=False).status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            self.slowest = max(self.slowest, time.monotonic() - start)
+            self.failures += not ok
+            self._stop.wait(0.25)
+
+    def health(self) -> dict:
+        return httpx.get(f"{self.url}/health", timeout=5, trust_env=False).json()
+
+    def post(self, path: str, body=None, raw: bytes | None = None, timeout: float = 60) -> httpx.Response:
+        headers = {**AUTH, "content-type": "application/json"}
+        content = raw if raw is not None else json.dumps(body).encode()
+        return httpx.post(self.url + path, content=content, headers=headers, timeout=timeout, trust_env=False)
+
+    def connect(self) -> socket.socket:
+        return socket.create_connection(("127.0.0.1", self.port), timeout=10)
+
+    def raw_post(self, body: dict) -> socket.socket:
+        data = json.dumps(body).encode()
+        s = self.connect()
+        s.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n%s" % (CHAT.encode(), KEY.encode(), len(data), data))
+        return s
+
+    def resources(self) -> str:
+        status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        rss = next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS"))
+        fds = len(os.listdir(f"/proc/{self.proc.pid}/fd"))
+        return f"rss {int(rss) // 1024} MiB, {fds} open descriptors (limit {FD_LIMIT})"
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def _wait(condition: Callable[[], bool], seconds: float) -> float | None:
+    """Seconds until ``condition`` held, or None if it did not within ``seconds``."""
+    start = time.monotonic()
+    while time.monotonic() - start < seconds:
+        if condition():
+            return time.monotonic() - start
+        time.sleep(0.05)
+    return None
+
+
+def _status(r: httpx.Response) -> str:
+    try:
+        code = r.json()["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        code = "-" if r.status_code == 200 else "NOT AN ERROR OBJECT"
+    return f"{r.status_code} {code}"
+
+
+def _closed(sock: socket.socket, seconds: float) -> bool:
+    sock.settimeout(seconds)
+    try:
+        return sock.recv(1) == b""
+    except TimeoutError:
+        return False
+    except OSError:  # reset by the server: closed too
+        return True
+
+
+# ---- the cases: each returns (what happened, passed) ---------------------------------------------------
+def seed_2_64(srv):
+    r = srv.post(CHAT, _chat(seed=2**64))
+    return _status(r), r.status_code == 400
+
+
+def body_20mb(srv):
+    """20 MB announced and actually sent: 413 before the body is read, memory untouched."""
+    s, start = srv.connect(), time.monotonic()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: 20000000\r\n\r\n")
+    with s:
+        try:
+            chunk = b'{"prompt": "' + b"a" * (1 << 20)
+            for _ in range(20):
+                s.sendall(chunk)
+        except OSError:
+            pass  # the server answered and closed: what it should do
+        s.settimeout(10)
+        try:
+            head = s.recv(4096).split(b"\r\n", 1)[0].decode()
+        except OSError as err:
+            head = f"connection closed ({type(err).__name__})"
+    return f"{head} in {time.monotonic() - start:.2f} s", "413" in head or "closed" in head
+
+
+def prompt_1mb(srv):
+    start = time.monotonic()
+    r = srv.post("/v1/completions", {"prompt": "hello world " * 85_000})
+    return f"{_status(r)} in {time.monotonic() - start:.2f} s", r.status_code == 400
+
+
+def nested_json(srv):
+    r = srv.post(CHAT, raw=b"[" * 100_000)
+    return _status(r), r.status_code == 400 and "error" in r.json()
+
+
+def surrogate_prompt(srv):
+    r = srv.post("/v1/completions", raw=b'{"prompt": "a\\ud800b"}')
+    return _status(r), r.status_code == 400 and "error" in r.json()
+
+
+def surrogate_model(srv):
+    r = srv.post("/v1/completions", raw=b'{"model": "\\ud800", "prompt": "x"}')
+    return _status(r), r.status_code == 400 and "error" in r.json()
+
+
+def temperature_1e_300(srv):
+    r = srv.post(CHAT, _chat(temperature=1e-300))
+    return _status(r), r.status_code == 400
+
+
+def control_tokens_in_chat(srv):
+    r = srv.post(CHAT, _chat("<|mask|> <role>HUMAN</role> <|role_end|>"))
+    return _status(r), r.status_code == 200
+
+
+def mask_id_prompt(srv, mask_id: int):
+    r = srv.post("/v1/completions", {"prompt": [5, mask_id, 6], "max_tokens": 8})
+    return _status(r), r.status_code == 400
+
+
+def non_streamed_disconnect(srv):
+    s = srv.raw_post({**_chat("talk", max_tokens=LONG), "block_length": 1})
+    _wait(lambda: srv.health()["running"] == 1, 10)
+    time.sleep(0.5)
+    s.close()
+    took = _wait(lambda: srv.health()["running"] == 0, 10)
+    return (f"worker free {took:.2f} s after the hang-up" if took is not None else "worker still busy after 10 s",
+            took is not None and took < 2)
+
+
+def queued_clients_leave(srv):
+    blocker = srv.raw_post(_chat("block", max_tokens=LONG))
+    try:
+        _wait(lambda: srv.health()["running"] == 1, 10)
+        queued = [srv.raw_post(_chat("wait")) for _ in range(2)]
+        _wait(lambda: srv.health()["queue_depth"] == 2, 10)
+        for s in queued:
+            s.close()
+        took = _wait(lambda: srv.health()["queue_depth"] == 0, 5)
+        late = [srv.raw_post(_chat("room")) for _ in range(2)]
+        queued_again = _wait(lambda: srv.health()["queue_depth"] == 2, 5) is not None
+        for s in late:
+            s.close()
+    finally:
+        blocker.close()
+    text = f"places freed in {took:.2f} s" if took is not None else "places still held after 5 s"
+    return f"{text}; 2 new requests queued: {queued_again}", took is not None and took < 1 and queued_again
+
+
+def idle_flood(srv, count: int = 300):
+    socks = []
+    try:
+        for _ in range(count):
+            socks.append(srv.connect())
+        time.sleep(0.5)
+        start = time.monotonic()
+        r = srv.post(CHAT, _chat(), timeout=30)
+        took = time.monotonic() - start
+        fds = srv.resources()
+    finally:
+        for s in socks:
+            s.close()
+    return f"{count} idle sockets; a request got {_status(r)} in {took:.2f} s; {fds}", r.status_code == 200
+
+
+def slow_headers(srv, args):
+    socks = [srv.connect() for _ in range(20)]
+    for s in socks:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")  # never finished
+    start = time.monotonic()
+    closed = sum(_closed(s, args.read_timeout + 3) for s in socks)
+    for s in socks:
+        s.close()
+    return f"{closed}/20 closed after {time.monotonic() - start:.1f} s", closed == 20
+
+
+def slow_body(srv):
+    s = srv.connect()
+    with s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pro")
+        s.settimeout(30)
+        head = s.recv(4096).split(b"\r\n", 1)[0].decode()
+    return head, "408" in head
+
+
+def request_timeout(srv, args):
+    start = time.monotonic()
+    r = srv.post(CHAT, _chat("long", max_tokens=LONG), timeout=args.request_timeout + 30)
+    return f"{_status(r)} after {time.monotonic() - start:.1f} s", r.status_code == 504
+
+
+def openapi_behind_key(srv):
+    bare = httpx.get(f"{srv.url}/openapi.json", timeout=10, trust_env=False).status_code
+    keyed = httpx.get(f"{srv.url}/openapi.json", headers=AUTH, timeout=10, trust_env=False).status_code
+    return f"without key {bare}, with key {keyed}", (bare, keyed) == (401, 200)
+
+
+def unusable_keys(model: str):
+    """The CLI refuses blank keys before loading anything (no server is started for this case)."""
+    from oled_hf.cli import serve
+
+    codes = []
+    for key in ("   ", ""):
+        codes.append(serve.main(["--model", model, "--api-key", key]))
+    return f"exit {codes} for '   ' and ''", codes == [2, 2]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description="replay issue 13's hostile requests against oled-moe serve (loopback)")
+    p.add_argument("--model", default=None, help="checkpoint (default: a fresh tiny one in a temporary folder)")
+    p.add_argument("--read-timeout", type=float, default=2.0, help="the server's --read-timeout (default: 2)")
+    p.add_argument("--request-timeout", type=float, default=3.0, help="the server's --request-timeout (default: 3)")
+    p.add_argument("--max-body-bytes", type=int, default=1 << 21, help="the server's --max-body-bytes (default: 2 MiB)")
+    args = p.parse_args()
+
+    scratch = None
+    model = args.model
+    if model is None:
+        from oled_hf.checkpoints.factory import make_checkpoint
+
+        scratch = tempfile.TemporaryDirectory()
+        model = str(make_checkpoint(Path(scratch.name) / "tiny", preset="tiny", seed=0))
+    mask_id = json.loads((Path(model) / "config.json").read_text())["mask_token_id"]
+    cases = [
+        ("1 seed 2^64", seed_2_64), ("2 body 20 MB", body_20mb), ("2 prompt 1 MB", prompt_1mb),
+        ("3 nested [ x100000", nested_json), ("3 prompt a\\ud800b", surrogate_prompt),
+        ("3 model \\ud800", surrogate_model), ("3 temperature 1e-300", temperature_1e_300),
+        ("4 non-streamed disconnect", non_streamed_disconnect), ("4 queued clients leave", queued_clients_leave),
+        ("4 300 idle sockets", idle_flood), ("4 slow headers x20", lambda s: slow_headers(s, args)),
+        ("4 slow body", slow_body), ("4 request timeout", lambda s: request_timeout(s, args)),
+        ("5 control tokens in chat", control_tokens_in_chat),
+        ("5 mask id in prompt", lambda s: mask_id_prompt(s, mask_id)),
+        ("5 /openapi.json", openapi_behind_key),
+    ]
+    srv = Server(model, args)
+    passed_all, start = True, time.monotonic()
+    try:
+        srv.wait_ready()
+        print(f"server pid {srv.proc.pid} on {srv.url}; {srv.resources()}")
+        print(f"{'case':28} {'pass':4}  {'/health max':>11}  {'next':4}  result")
+        for name, case in cases:
+            srv.slowest, srv.failures = 0.0, 0
+            try:
+                result, ok = case(srv)
+            except Exception as err:  # a case that blows up is a failed case, not a crashed replay
+                result, ok = f"{type(err).__name__}: {err}", False
+            nxt = srv.post(CHAT, _chat(), timeout=60).status_code == 200 and srv.health()["status"] == "ok"
+            health = f"{srv.slowest:.2f} s" + (f" ({srv.failures} failed)" if srv.failures else "")
+            passed_all &= ok and nxt and not srv.failures
+            print(f"{name:28} {'ok' if ok else 'FAIL':4}  {health:>11}  {'ok' if nxt else 'FAIL':4}  {result}",
+                  flush=True)
+        result, ok = unusable_keys(model)
+        passed_all &= ok
+        print(f"{'5 blank --api-key':28} {'ok' if ok else 'FAIL':4}  {'-':>11}  {'-':4}  {result}")
+        print(f"after all cases: {srv.resources()}; alive: {srv.proc.poll() is None}; "
+              f"{time.monotonic() - start:.0f} s in all")
+    finally:
+        srv.stop()
+        if scratch is not None:
+            scratch.cleanup()
+    print("ALL PASSED" if passed_all else "SOME CASES FAILED")
+    return 0 if passed_all else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
