@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, fields
 from numbers import Integral, Real
 from typing import Any
 
-KNOWN_POLICIES = ("lfu", "lru", "oled", "static", "tide")
+KNOWN_POLICIES = ("lfu", "lru", "moe-infinity", "oled", "prefetch", "static", "tide")
 CPU_COMPUTE_MODES = ("auto", "off")
 STORE_MODES = ("auto", "mmap", "pinned")
 

@@ -255,6 +255,50 @@ class CacheState:
         else:
             self.slot_expert[[slot for _, slot, _ in copies]] = new
 
+    def admit(self, layer: int, experts: Any, policy: CachePolicy) -> list[tuple[int, int, int | None]]:
+        """Prefetch: copy ``experts`` (best first) into the layer's slots ahead of its access.
+
+        Already resident experts are skipped (and protected); the rest take free slots, else evict
+        the lowest-priority resident expert outside ``experts``; at most the layer's capacity is
+        admitted. Counted as copies (bytes, evictions, dead-on-arrival) like demand copies; a
+        prefetched expert is "not hit since copied" until its first hit. Returns the copies.
+        """
+        want = np.asarray(experts, dtype=np.int64).reshape(-1)[: self.capacities[layer]]
+        if want.size == 0:
+            return []
+        resident = self._resident[layer]
+        new = want[~resident[want]].tolist()
+        if not new:
+            return []
+        free = self._free[layer]
+        need = len(new) - len(free)
+        victims: list[int] = []
+        if need > 0:
+            protect = np.zeros(self.num_experts, dtype=bool)
+            protect[want] = True
+            cand = (resident & ~protect).nonzero()[0]
+            prio = policy.priority_array(layer)
+            victims = cand[np.argsort(prio[cand], kind="stable")][:need].tolist()
+            new = new[: len(free) + len(victims)]
+        slot_of_layer = self._slot_of[layer]
+        copies: list[tuple[int, int, int | None]] = []
+        vi = 0
+        for e in new:
+            evicted: int | None = None
+            if free:
+                slot = free.pop()
+            else:
+                evicted = victims[vi]
+                vi += 1
+                slot = slot_of_layer.pop(evicted)
+            slot_of_layer[e] = slot
+            copies.append((e, slot, evicted))
+        self._apply_copies(layer, new, copies, victims[:vi], streamed=False)
+        st = self.stats
+        st.copies[layer] += len(copies)
+        st.bytes_copied[layer] += len(copies) * self.expert_bytes
+        return copies
+
     def _evict(self, layer: int, expert: int) -> None:
         self._resident[layer, expert] = False
         st = self.stats

@@ -4,11 +4,18 @@ The recorder wraps each MoE block's experts executor (whatever it is) to capture
 brackets every model forward with ``begin_forward`` / ``end_forward`` hooks, learns each forward's
 kind from the decoder's ``on_forward`` notice, and hears iteration events as an observer. The
 timeline it writes is the one the live run saw, so replay walks it in the same order.
+
+Predicted routes (trace version 2): a forward hook on every decoder layer that holds MoE layer m
+applies MoE layer m+1's post-attention norm and router to the hidden state leaving layer m, the
+prediction a next-layer speculative prefetcher has while layer m+1 has not run yet. It reads the
+model from outside (hooks only), costs one router GEMM per layer, and changes no output.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import torch
 
 from ..modeling.events import IterationObserver
 from .trace import KINDS, TraceWriter
@@ -42,6 +49,10 @@ class TraceRecorder(IterationObserver):
         self._inner = [block.experts_executor for block in self._blocks]
         for i, block in enumerate(self._blocks):
             block.experts_executor = _RecordingExecutor(self, i, block.experts_executor)
+        moe_layers = [layer for layer in model.model.layers if any(layer.mlp is b for b in self._blocks)]
+        for m in range(len(moe_layers) - 1):
+            hook = moe_layers[m].register_forward_hook(self._predictor(m + 1, moe_layers[m + 1]))
+            self._hooks.append(hook)
         self._hooks.append(model.model.register_forward_pre_hook(self._begin))
         self._hooks.append(model.model.register_forward_hook(self._end))
         model.add_iteration_observer(self)
@@ -52,6 +63,16 @@ class TraceRecorder(IterationObserver):
         for hook in self._hooks:
             hook.remove()
         self.model.remove_iteration_observer(self)
+
+    def _predictor(self, next_moe: int, next_layer):
+        def hook(module, args, output):
+            hidden = output[0] if isinstance(output, tuple) else output
+            with torch.no_grad():
+                x = next_layer.post_attention_layernorm(hidden).reshape(-1, hidden.shape[-1])
+                _, ids, weights = next_layer.mlp.gate(x)
+            self.writer.add_prediction(next_moe, ids, weights)
+
+        return hook
 
     def _begin(self, module, args):
         kind, block, iteration = self._kind

@@ -2,20 +2,29 @@
 
 Replay drives :class:`~oled_hf.offload.controller.CacheController`, the object the live runtime
 drives, over the trace's timeline (forward routing, iteration events, block starts and ends in
-recorded order), so its counters equal the live run's at the same config. Time is simulated with
-the cost model: per layer access ``max(CPU time, GPU path)`` where the GPU path computes hits while
-copies stream in (see ``CostModel.gpu_path_time``), plus the non-expert time per layer; full
-residency is the same trace with every expert a hit.
+recorded order), so its counters equal the live run's at the same config.
+
+Time is simulated on a :class:`~oled_hf.sim.timeline.Timeline` (copy engine, GPU, CPU, host),
+carried across layers and forwards: per layer access the non-expert part, then the host planner
+(measured wall time of the policy update + plan + prefetch decision, or a stated constant per
+access), then the GPU experts in the order their weights are ready and the CPU experts
+concurrently. Prefetching policies (:class:`~oled_hf.offload.policies.prefetch.Prefetcher`) copy
+layer l+1's predicted experts when layer l's plan is ready (optimistic for them: the hidden state
+their prediction uses leaves layer l only at its end), on the same FIFO copy engine as demand copies.
+
+Two full-residency references, no planner, no copies: ``full_time_s`` (fused/grouped MoE: one
+launch per layer, each active expert's bytes once at HBM bandwidth, FLOPs at the stated efficiency;
+``CostModel.fused_layer_time``), and ``loop_time_s`` (a per-expert loop: one launch per active
+expert; ``CostModel.loop_layer_time``).
 
 Speed (``eval/replay_speed.py``, LLaDA2.0-mini scale, one busy CPU core): ~0.13 ms per layer access
-(256 routing entries, ~65 unique experts), i.e. ~1.9M routing entries/s or ~0.5M unique
-(forward, layer, expert) accesses/s with ``oled``: a million of either unit replays in 0.5-2 s.
-Everything per access is vectorised with NumPy; Python loops run only over copies.
+(256 routing entries, ~65 unique experts) with ``oled``: a million routing entries replay in ~1 s.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,8 +34,10 @@ from oled_hf.offload.allocation import uniform_capacities
 from oled_hf.offload.config import OffloadConfig
 from oled_hf.offload.controller import CacheController
 from oled_hf.offload.costmodel import CostModel
+from oled_hf.offload.policies.prefetch import Prefetcher
 
 from .belady import belady_global, belady_min
+from .timeline import Timeline
 from .trace import OP_BLOCK_END, OP_FORWARD, Trace
 
 
@@ -48,7 +59,17 @@ class ReplayResult:
     routing_entries: int
     output_tokens: int
     sim_time_s: float
-    full_time_s: float
+    full_time_s: float  # fused/grouped resident reference
+    loop_time_s: float = 0.0  # per-expert-loop resident reference
+    forwards: int = 0
+    planner_time_s: float = 0.0  # host planner time on the simulated timeline
+    exposed_copy_s: float = 0.0  # time layers waited for copies beyond their compute
+    prefetch_issued: int = 0  # experts copied ahead by a prefetcher
+    prefetch_used: int = 0  # ... hit at least once before eviction
+    prefetch_wasted: int = 0  # ... evicted (or left at the end) unused
+    expert_bytes: int = 0
+    slot_accesses: int = 0  # sum over layer accesses of the layer's capacity (for U_slot)
+    kernel: str = ""
     capacities: list[int] = field(default_factory=list)
     per_layer_hit_rate: list[float] = field(default_factory=list)
     bound_hit_rate: float | None = None  # Belady reference at the same budget (see format_table)
@@ -68,20 +89,72 @@ class ReplayResult:
 
     @property
     def ratio_to_full(self) -> float:
+        """Simulated time over the fused-resident reference's."""
         return self.sim_time_s / self.full_time_s if self.full_time_s > 0 else float("nan")
+
+    @property
+    def ratio_to_loop(self) -> float:
+        return self.sim_time_s / self.loop_time_s if self.loop_time_s > 0 else float("nan")
+
+    @property
+    def u_slot(self) -> float:
+        """Slot utilization: hits per slot per layer access (mean fraction of the cache used)."""
+        return self.hits / self.slot_accesses if self.slot_accesses else 0.0
+
+    @property
+    def u_byte(self) -> float:
+        """Reuse factor: bytes served from the cache (hits x expert bytes) per H2D byte copied."""
+        return self.hits / self.copies if self.copies else float("inf")
+
+    @property
+    def copies_used(self) -> float:
+        """Fraction of copied experts hit again before eviction (1 - dead-on-arrival / evictions)."""
+        return 1.0 - self.dead_on_arrival / self.evictions if self.evictions else 1.0
+
+    @property
+    def planner_per_forward_s(self) -> float:
+        return self.planner_time_s / self.forwards if self.forwards else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out.update(hit_rate=self.hit_rate, tpot_s=self.tpot_s, full_tpot_s=self.full_tpot_s,
-                   ratio_to_full=self.ratio_to_full)
+                   ratio_to_full=self.ratio_to_full, ratio_to_loop=self.ratio_to_loop, u_slot=self.u_slot,
+                   u_byte=self.u_byte, copies_used=self.copies_used,
+                   planner_per_forward_s=self.planner_per_forward_s)
         return out
 
 
-def default_cost_model(trace: Trace) -> CostModel:
+def default_cost_model(trace: Trace, kernel: str = "grouped") -> CostModel:
+    """The H200 + PCIe 5 preset at the trace's own expert size (see ``oled_hf.sim.hardware`` for mini's)."""
     h = trace.header
     if not h.get("hidden_size") or not h.get("moe_intermediate_size"):
         raise ValueError("trace header lacks hidden_size/moe_intermediate_size: pass cost_model=")
-    return CostModel.h200_pcie5(h["hidden_size"], h["moe_intermediate_size"], h.get("dtype_bytes", 2))
+    return CostModel.h200_pcie5(h["hidden_size"], h["moe_intermediate_size"], h.get("dtype_bytes", 2), kernel=kernel)
+
+
+class _PrefetchBook:
+    """Per (layer, expert): prefetched and not hit yet; counts used and wasted prefetches."""
+
+    def __init__(self, num_layers: int, num_experts: int) -> None:
+        self.pending = np.zeros((num_layers, num_experts), dtype=bool)
+        self.issued = self.used = self.wasted = 0
+
+    def hit(self, layer: int, hits: list[int]) -> None:
+        if hits:
+            p = self.pending[layer]
+            n = int(np.count_nonzero(p[hits]))
+            if n:
+                self.used += n
+                p[hits] = False
+
+    def evicted(self, layer: int, expert: int | None) -> None:
+        if expert is not None and expert >= 0 and self.pending[layer, expert]:
+            self.pending[layer, expert] = False
+            self.wasted += 1
+
+    def finish(self) -> None:
+        self.wasted += int(self.pending.sum())
+        self.pending[:] = False
 
 
 def replay(
@@ -93,11 +166,14 @@ def replay(
     cpu_compute: str = "auto",
     cost_model: CostModel | None = None,
     offload_config: OffloadConfig | None = None,
+    planner_s: float | None = None,
     check_invariants: bool = False,
 ) -> ReplayResult:
     """Run the trace through a fresh controller. Explicit arguments override ``offload_config``.
 
     ``cache_size`` is slots per MoE layer (None: take the budget from ``offload_config``).
+    ``planner_s``: host planner seconds per layer access; None measures the wall time of the
+    policy update, plan, prefetch decision and event handling as they run here.
     """
     if cache_size is None and offload_config is None:
         raise ValueError("replay needs cache_size (slots per MoE layer) or an offload_config with a budget")
@@ -109,33 +185,82 @@ def replay(
     cm = cost_model if cost_model is not None else default_cost_model(trace).with_config(config)
     L, E = trace.num_layers, trace.num_experts
     ctrl = CacheController(config, L, E, cm)
-    sim = full = 0.0
-    copy_t = cm.copy_time()
+    policy = ctrl.policy
+    prefetcher = policy if isinstance(policy, Prefetcher) else None
+    if prefetcher is not None and prefetcher.uses_predicted_routes and not trace.has_predictions:
+        raise ValueError(f"policy {policy_name!r} needs predicted routes: record a version-2 trace "
+                         "(oled-moe trace record writes them)")
+    measured = planner_s is None
+    clock = time.perf_counter
+    tl = Timeline(cm.copy_time())
+    ready = np.zeros((L, E))  # when each resident expert's weights are on the device
+    book = _PrefetchBook(L, E)
+    full = loop = planner_total = exposed = 0.0
+    slot_accesses = forwards = 0
+    nonexpert = cm.nonexpert_s_per_layer
     for op, idx in trace.ops():
         if op == OP_FORWARD:
+            forwards += 1
             ctrl.begin_forward()
             ids, weights = trace.routing(idx)
+            pred_ids = trace.predicted_routing(idx)[0] if prefetcher is not None and trace.has_predictions else None
             for l in range(L):
+                t0 = clock()
                 plan = ctrl.plan(l, ids[l], weights[l])
+                host = clock() - t0
                 counts = plan.counts
-                gpu = cm.gpu_times(counts)
-                g_hits = float(gpu[plan.hits].sum())
+                book.hit(l, plan.hits)
+                for _, _, ev in plan.copies:
+                    book.evicted(l, ev)
+                slot_accesses += ctrl.capacities[l]
+                # the prefetch decision for layer l+1 runs on the host right after this plan
+                pf: list[tuple[int, int, int | None]] = []
+                pf_host = 0.0
+                if prefetcher is not None and l + 1 < L:
+                    t0 = clock()
+                    pc = None
+                    if pred_ids is not None:
+                        p = pred_ids[l + 1]
+                        pc = np.bincount(p[p >= 0].reshape(-1).astype(np.int64), minlength=E)
+                    want = prefetcher.prefetch_for(l + 1, pc, ctrl.capacities[l + 1])
+                    pf = ctrl.state.admit(l + 1, want, policy)
+                    prefetcher.on_prefetched(l + 1, want, ctrl.clock)
+                    pf_host = clock() - t0 if measured else 0.0
+                host = host if measured else float(planner_s)
+                planner_total += host + pf_host
+                gpu_e = plan.hits + [c[0] for c in plan.copies]
+                start, plan_ready = tl.begin_layer(nonexpert, host)
                 if plan.copies:
-                    g = gpu[[c[0] for c in plan.copies]]
-                    suffix = np.cumsum(g[::-1])[::-1]
-                    lands = copy_t * np.arange(1, g.size + 1)
-                    g_path = max(g_hits + float(suffix[0]), float((lands + suffix).max()))
-                else:
-                    g_path = g_hits
+                    ready[l, [c[0] for c in plan.copies]] = tl.copies(len(plan.copies), plan_ready)
+                r = ready[l, gpu_e] if gpu_e else np.zeros(0)
+                g = cm.gpu_times(counts[gpu_e]) if gpu_e else np.zeros(0)
                 cpu = float(cm.cpu_times(counts[plan.cpu]).sum()) if plan.cpu else 0.0
-                sim += max(cpu, g_path) + cm.nonexpert_s_per_layer
-                full += float(gpu.sum()) + cm.nonexpert_s_per_layer
+                lt = tl.end_layer(start, plan_ready, cm.gpu_layer_fixed_s, r, g, cpu)
+                exposed += lt.exposed_copy_s
+                if pf:
+                    for _, _, ev in pf:
+                        book.evicted(l + 1, ev)
+                    issue = tl.host(plan_ready, pf_host)  # decided on the host right after this plan
+                    ready[l + 1, [c[0] for c in pf]] = tl.copies(len(pf), issue)
+                    book.pending[l + 1, [c[0] for c in pf]] = True
+                    book.issued += len(pf)
+                full += nonexpert + cm.fused_layer_time(counts)
+                loop += nonexpert + cm.loop_layer_time(counts)
             if check_invariants:
                 ctrl.state.check_invariants()
         else:
+            t0 = clock()
             trace.deliver(ctrl, op, idx)
-            if op == OP_BLOCK_END and check_invariants:
-                ctrl.state.check_invariants()
+            host = clock() - t0 if measured else 0.0
+            if op == OP_BLOCK_END:
+                for move in ctrl.last_moves:
+                    book.evicted(move.layer, move.evicted_expert)
+                if check_invariants:
+                    ctrl.state.check_invariants()
+            if host:
+                planner_total += host
+                tl.host(tl.gpu_free, host)
+    book.finish()
     st = ctrl.stats
     return ReplayResult(
         policy=policy_name, cache_size=ctrl.total_slots / L, layer_adaptive=layer_adaptive,
@@ -144,7 +269,10 @@ def replay(
         cpu_expert_tokens=st.total("cpu_expert_tokens"), gpu_expert_tokens=st.total("gpu_expert_tokens"),
         dead_on_arrival=st.total("dead_on_arrival"), layer_accesses=st.total("accesses"),
         routing_entries=trace.routing_entries, output_tokens=trace.output_tokens(),
-        sim_time_s=sim, full_time_s=full, capacities=list(ctrl.capacities),
+        sim_time_s=max(tl.gpu_free, tl.host_free), full_time_s=full, loop_time_s=loop, forwards=forwards,
+        planner_time_s=planner_total, exposed_copy_s=exposed, prefetch_issued=book.issued,
+        prefetch_used=book.used, prefetch_wasted=book.wasted, expert_bytes=cm.expert_bytes,
+        slot_accesses=slot_accesses, kernel=cm.kernel, capacities=list(ctrl.capacities),
         per_layer_hit_rate=st.layer_hit_rates(),
     )
 
@@ -157,13 +285,18 @@ def compare(
     layer_adaptive: bool = True,
     cpu_compute: str = "auto",
     cost_model: CostModel | None = None,
+    planner_s: float | None = None,
     bounds: bool = True,
 ) -> list[ReplayResult]:
     """Replay every (policy, cache size) and attach the matching Belady bound.
 
     Uniform runs get per-layer MIN with bypass at the same per-layer capacities; layer-adaptive
-    runs get the global-budget MIN with bypass (per-layer MIN does not bound them).
+    runs get the global-budget MIN with bypass (per-layer MIN does not bound them). Both bound
+    demand/bypass caching only: a prefetcher's hits can exceed them (it pays in copied bytes).
+    Policies that need predicted routes are skipped on version-1 traces.
     """
+    from oled_hf.offload.policies import make_policy
+
     results = []
     for size in cache_sizes:
         bound = None
@@ -174,7 +307,11 @@ def compare(
             else:
                 bound = belady_min(trace, uniform_capacities(total, trace.num_layers, trace.num_experts))
         for name in policies:
-            r = replay(trace, name, size, layer_adaptive=layer_adaptive, cpu_compute=cpu_compute, cost_model=cost_model)
+            pol = make_policy(name, 1, 1)
+            if getattr(pol, "uses_predicted_routes", False) and not trace.has_predictions:
+                continue
+            r = replay(trace, name, size, layer_adaptive=layer_adaptive, cpu_compute=cpu_compute,
+                       cost_model=cost_model, planner_s=planner_s)
             if bound is not None:
                 r.bound_hit_rate, r.bound_name = bound.hit_rate, bound.name
             results.append(r)
@@ -190,23 +327,34 @@ def _bytes(n: float) -> str:
 
 
 def format_table(results: list[ReplayResult]) -> str:
-    """Plain-text table: policy, capacity, hit rate, % of Belady, bytes, CPU expert-tokens, TPOT."""
-    head = ["policy", "slots/layer", "adaptive", "cpu", "hit rate", "% of MIN", "bytes copied",
-            "CPU exp-tok", "TPOT ms", "x full"]
+    """Plain-text table: policy, capacity, hit rate, % of Belady, bytes, prefetch, TPOT, ratios."""
+    head = ["policy", "slots/layer", "adaptive", "cpu", "hit rate", "% of MIN", "U_slot", "bytes copied",
+            "pf used/wasted", "exposed ms", "plan ms/fwd", "CPU exp-tok", "TPOT ms", "x fused", "x loop"]
     rows = [head]
     for r in results:
         pct = f"{100 * r.hit_rate / r.bound_hit_rate:.1f}" if r.bound_hit_rate else "-"
+        pf = f"{r.prefetch_used}/{r.prefetch_wasted}" if r.prefetch_issued else "-"
         rows.append([r.policy, f"{r.cache_size:g}", "yes" if r.layer_adaptive else "no", r.cpu_compute,
-                     f"{r.hit_rate:.3f}", pct, _bytes(r.bytes_copied), str(r.cpu_expert_tokens),
-                     f"{1e3 * r.tpot_s:.3f}", f"{r.ratio_to_full:.2f}"])
+                     f"{r.hit_rate:.3f}", pct, f"{r.u_slot:.3f}", _bytes(r.bytes_copied), pf,
+                     f"{1e3 * r.exposed_copy_s:.2f}", f"{1e3 * r.planner_per_forward_s:.3f}",
+                     str(r.cpu_expert_tokens), f"{1e3 * r.tpot_s:.3f}", f"{r.ratio_to_full:.2f}",
+                     f"{r.ratio_to_loop:.2f}"])
     if results:
         r = results[0]
-        rows.append(["full", "all", "-", "-", "1.000", "-", "0 B", "0", f"{1e3 * r.full_tpot_s:.3f}", "1.00"])
+        n = max(r.output_tokens, 1)
+        rows.append(["full (fused MoE)", "all", "-", "-", "1.000", "-", "-", "0 B", "-", "0.00", "0.000", "0",
+                     f"{1e3 * r.full_tpot_s:.3f}", "1.00", f"{r.full_time_s / r.loop_time_s:.2f}"])
+        rows.append(["full (per-expert loop)", "all", "-", "-", "1.000", "-", "-", "0 B", "-", "0.00", "0.000", "0",
+                     f"{1e3 * r.loop_time_s / n:.3f}", f"{r.loop_time_s / r.full_time_s:.2f}", "1.00"])
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
              for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     names = sorted({r.bound_name for r in results if r.bound_name})
     if names:
-        lines.append(f"% of MIN: hit rate / {', '.join(names)} hit rate at the same budget")
+        lines.append(f"% of MIN: hit rate / {', '.join(names)} hit rate at the same budget "
+                     "(a bound for demand/bypass caching only; prefetchers may exceed it)")
+    if results:
+        lines.append(f"x fused: TPOT / full residency as a fused MoE (one launch per layer); GPU expert kernel "
+                     f"of the offloaded runs: {results[0].kernel}")
     return "\n".join(lines)

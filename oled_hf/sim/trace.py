@@ -8,6 +8,12 @@ first, then its event).
 
 On disk: one ``torch.save`` file holding a dict of flat tensors (ids as int16, gate weights as
 float16, ragged parts as offsets), loadable with ``weights_only=True``.
+
+Version 2 adds, per forward and MoE layer, *predicted* routes (``pred_ids`` / ``pred_weights``,
+shaped like ``topk_ids``): for layer l >= 1, layer l's router applied to the hidden state leaving
+layer l-1 (the speculative next-layer gating of Mixtral-offloading / Pre-gated MoE / ProMoE /
+HybriMoE); layer 0 has none (-1). The prefetch baseline replays them; version-1 traces (no
+predictions) still load and replay everything else.
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ from oled_hf.modeling.events import IterationEvent, IterationObserver
 KINDS = ("prefill", "denoise", "refresh")
 OP_FORWARD, OP_EVENT, OP_BLOCK_START, OP_BLOCK_END = 0, 1, 2, 3
 FORMAT = "oled-trace"
-VERSION = 1
+VERSION = 2  # written when predicted routes are present; version-1 files still load
+SUPPORTED_VERSIONS = (1, 2)
 HEADER_KEYS = ("num_moe_layers", "num_experts", "top_k", "block_length", "hidden_size",
                "moe_intermediate_size", "dtype_bytes")
 
@@ -49,8 +56,10 @@ class Trace:
     def __init__(self, data: dict[str, Any]) -> None:
         if data.get("format") != FORMAT:
             raise ValueError(f"not an {FORMAT} file (format={data.get('format')!r})")
-        if data.get("version") != VERSION:
-            raise ValueError(f"trace version {data.get('version')!r} is not supported (expected {VERSION})")
+        if data.get("version") not in SUPPORTED_VERSIONS:
+            raise ValueError(f"trace version {data.get('version')!r} is not supported "
+                             f"(supported: {', '.join(map(str, SUPPORTED_VERSIONS))})")
+        self.version = int(data["version"])
         self.header: dict[str, Any] = dict(data["header"])
         self.arrays = {k: _np(v) for k, v in data.items() if k not in ("format", "version", "header")}
         a = self.arrays
@@ -74,6 +83,19 @@ class Trace:
         """``(topk_ids, topk_weights)`` of forward i, each [num_moe_layers, T, k] (views)."""
         r0, r1 = int(self.row_offsets[i]), int(self.row_offsets[i + 1])
         return self.arrays["topk_ids"][:, r0:r1], self.arrays["topk_weights"][:, r0:r1]
+
+    @property
+    def has_predictions(self) -> bool:
+        """True for version-2 traces that carry predicted next-layer routes."""
+        return "pred_ids" in self.arrays
+
+    def predicted_routing(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Predicted ``(ids, weights)`` of forward i, [num_moe_layers, T, k]; layer 0 (and any layer
+        without a prediction) holds ids -1. Raises for a trace without predictions."""
+        if not self.has_predictions:
+            raise ValueError("this trace has no predicted routes (version 1): record it again to get them")
+        r0, r1 = int(self.row_offsets[i]), int(self.row_offsets[i + 1])
+        return self.arrays["pred_ids"][:, r0:r1], self.arrays["pred_weights"][:, r0:r1]
 
     def event(self, i: int) -> IterationEvent:
         a = self.arrays
@@ -109,7 +131,7 @@ class Trace:
         return int(self.arrays["ev_committed"].sum())
 
     def save(self, path: str) -> None:
-        data: dict[str, Any] = {"format": FORMAT, "version": VERSION, "header": self.header}
+        data: dict[str, Any] = {"format": FORMAT, "version": self.version, "header": self.header}
         data.update({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in self.arrays.items()})
         torch.save(data, path)
 
@@ -150,12 +172,17 @@ class TraceWriter(IterationObserver):
         self._mk: list[tuple[int, int]] = []
         self._mk_tokens: list[np.ndarray] = []
         self._pending: dict[str, Any] | None = None
+        self._pred_ids: list[np.ndarray | None] = []  # per forward: predicted routes [L, T, k] or None
+        self._pred_w: list[np.ndarray | None] = []
 
     def begin_sequence(self, seq: int) -> None:
         self.seq = int(seq)
 
     def add_forward(self, kind: str, block_index: int, iteration: int,
-                    topk_ids_per_layer: Sequence[Any], topk_weights_per_layer: Sequence[Any]) -> None:
+                    topk_ids_per_layer: Sequence[Any], topk_weights_per_layer: Sequence[Any],
+                    predicted: tuple[Sequence[Any | None], Sequence[Any | None]] | None = None) -> None:
+        """One forward's routing; ``predicted`` = (ids, weights) per layer (None where a layer has
+        no prediction, e.g. layer 0) makes the trace version 2."""
         if kind not in KINDS:
             raise ValueError(f"kind={kind!r} is unknown; allowed: {', '.join(KINDS)}")
         if len(topk_ids_per_layer) != self.header["num_moe_layers"]:
@@ -169,9 +196,22 @@ class TraceWriter(IterationObserver):
         self._fwd.append((KINDS.index(kind), self.seq, int(block_index), int(iteration)))
         self._ids.append(ids)
         self._w.append(w.astype(np.float16))
+        if predicted is None:
+            self._pred_ids.append(None)
+            self._pred_w.append(None)
+            return
+        p_ids = np.full(ids.shape, -1, dtype=ids.dtype)
+        p_w = np.zeros(ids.shape, dtype=np.float16)
+        for layer, (pi, pw) in enumerate(zip(*predicted)):
+            if pi is not None:
+                p_ids[layer] = _np(pi).reshape(ids.shape[1:])
+                p_w[layer] = _np(pw).astype(np.float32).reshape(ids.shape[1:])
+        self._pred_ids.append(p_ids)
+        self._pred_w.append(p_w)
 
     def begin_forward(self, kind: str, block_index: int, iteration: int) -> None:
-        self._pending = {"kind": kind, "block": block_index, "iteration": iteration, "ids": {}, "w": {}}
+        self._pending = {"kind": kind, "block": block_index, "iteration": iteration, "ids": {}, "w": {},
+                         "pred": {}}
 
     def add_layer(self, layer: int, topk_ids: Any, topk_weights: Any) -> None:
         if self._pending is None:
@@ -179,13 +219,23 @@ class TraceWriter(IterationObserver):
         self._pending["ids"][layer] = _np(topk_ids).copy()
         self._pending["w"][layer] = _np(topk_weights).astype(np.float32)
 
+    def add_prediction(self, layer: int, topk_ids: Any, topk_weights: Any) -> None:
+        """Predicted routes of MoE layer ``layer`` in the pending forward (from the previous layer's output)."""
+        if self._pending is None:
+            raise RuntimeError("add_prediction called outside begin_forward/end_forward")
+        self._pending["pred"][layer] = (_np(topk_ids).copy(), _np(topk_weights).astype(np.float32))
+
     def end_forward(self) -> None:
         p, self._pending = self._pending, None
         if p is None:
             raise RuntimeError("end_forward called without begin_forward")
         layers = range(self.header["num_moe_layers"])
+        pred = None
+        if p["pred"]:
+            got = [p["pred"].get(l, (None, None)) for l in layers]
+            pred = ([g[0] for g in got], [g[1] for g in got])
         self.add_forward(p["kind"], p["block"], p["iteration"], [p["ids"][l] for l in layers],
-                         [p["w"][l] for l in layers])
+                         [p["w"][l] for l in layers], pred)
 
     def on_block_start(self, block_index: int, token_ids: torch.Tensor) -> None:
         self._marker(OP_BLOCK_START, block_index, token_ids)
@@ -239,6 +289,14 @@ class TraceWriter(IterationObserver):
             "mk_offsets": np.concatenate(([0], np.cumsum(mk_len))).astype(np.int64),
             "mk_token_ids": cat(self._mk_tokens, np.int32),
         }
+        if any(p is not None for p in self._pred_ids):  # version 2: predicted routes for every forward
+            data["version"] = VERSION
+            full = [np.full(x.shape, -1, x.dtype) if p is None else p for x, p in zip(self._ids, self._pred_ids)]
+            fw = [np.zeros(x.shape, np.float16) if p is None else p for x, p in zip(self._ids, self._pred_w)]
+            data["pred_ids"] = np.concatenate(full, axis=1)
+            data["pred_weights"] = np.concatenate(fw, axis=1)
+        else:
+            data["version"] = 1
         return Trace(data)
 
     def save(self, path: str) -> None:

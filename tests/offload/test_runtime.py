@@ -82,7 +82,7 @@ def test_stats_and_reset(tiny_path):
 def test_bad_offload_configs_are_rejected(tiny_path):
     with pytest.raises(ValueError, match="cache_size=0"):
         OffloadConfig(cache_size=0)
-    with pytest.raises(ValueError, match="policy='fifo'.*lfu, lru, oled, static, tide"):
+    with pytest.raises(ValueError, match="policy='fifo'.*lfu, lru, moe-infinity, oled, prefetch, static, tide"):
         OffloadConfig(cache_size=4, policy="fifo")
     with pytest.raises(ValueError, match="cache_size=33.*32"):
         _offloaded(tiny_path, cache_size=33)

@@ -3,7 +3,9 @@
 from .base import CachePolicy, available_policies, make_policy
 from .lfu import LFUPolicy
 from .lru import LRUPolicy
+from .moe_infinity import MoEInfinityPolicy
 from .oled import OledPolicy
+from .prefetch import Prefetcher, PrefetchPolicy
 from .static import StaticPolicy
 from .tide import TidePolicy
 
@@ -11,7 +13,10 @@ __all__ = [
     "CachePolicy",
     "LFUPolicy",
     "LRUPolicy",
+    "MoEInfinityPolicy",
     "OledPolicy",
+    "PrefetchPolicy",
+    "Prefetcher",
     "StaticPolicy",
     "TidePolicy",
     "available_policies",
