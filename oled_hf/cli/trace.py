@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from ..offload.config import KNOWN_POLICIES
+from ..sim.hardware import add_cost_model_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,10 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--cpu-compute", choices=["auto", "off"], default="auto")
     q.add_argument("--cost-model", choices=["h200-pcie5", "recorded"], default="h200-pcie5",
                    help="simulated hardware: the H200 + PCIe 5.0 preset, or the model calibrated when recording")
-    q.add_argument("--h2d-gbps", type=float, default=None, help="host-to-device bandwidth (GB/s)")
-    q.add_argument("--cpu-gbps", type=float, default=None, help="CPU memory bandwidth for expert weights (GB/s)")
-    q.add_argument("--gpu-us-per-token", type=float, default=None)
-    q.add_argument("--cpu-us-per-token", type=float, default=None)
+    add_cost_model_args(q)
     q.add_argument("--json", action="store_true", help="print JSON instead of a table")
     q.set_defaults(func=replay_cmd)
     p.set_defaults(func=lambda args: p.print_help() or 2)
@@ -93,27 +91,30 @@ def record(args: argparse.Namespace) -> int:
 
 def replay_cmd(args: argparse.Namespace) -> int:
     from ..offload.costmodel import CostModel
-    from ..sim.replay import compare, default_cost_model, format_table
+    from ..sim.hardware import cost_model_from_args, planner_seconds
+    from ..sim.replay import compare, format_table
     from ..sim.trace import load_trace
 
     trace = load_trace(args.trace)
     if args.cost_model == "recorded":
         if "cost_model" not in trace.header:
             raise ValueError(f"{args.trace} has no recorded cost model (record it from an offloaded run)")
-        cost = CostModel(**trace.header["cost_model"])
+        cost = CostModel(**trace.header["cost_model"]).with_overrides(
+            h2d_gbps=args.h2d_gbps, cpu_gbps=args.cpu_gbps, gpu_fixed_us=args.gpu_fixed_us,
+            gpu_us_per_token=args.gpu_us_per_token, cpu_us_per_token=args.cpu_us_per_token)
     else:
-        cost = default_cost_model(trace)
-    cost = cost.with_overrides(h2d_gbps=args.h2d_gbps, cpu_gbps=args.cpu_gbps,
-                               gpu_us_per_token=args.gpu_us_per_token, cpu_us_per_token=args.cpu_us_per_token)
+        cost = cost_model_from_args(trace, args)
     too_big = [c for c in args.cache_size if not 1 <= c <= trace.num_experts]
     if too_big:
         raise ValueError(f"--cache-size {too_big[0]} is invalid: must be between 1 and num_experts={trace.num_experts}")
     results = compare(trace, args.policy, args.cache_size, layer_adaptive=not args.no_layer_adaptive,
-                      cpu_compute=args.cpu_compute, cost_model=cost)
+                      cpu_compute=args.cpu_compute, cost_model=cost, planner_s=planner_seconds(args))
     if args.json:
         print(json.dumps([r.to_dict() for r in results], indent=2))
     else:
         print(f"trace {args.trace}: {trace.num_forwards} forwards, {trace.routing_entries} expert accesses, "
-              f"{trace.num_layers} MoE layers x {trace.num_experts} experts")
+              f"{trace.num_layers} MoE layers x {trace.num_experts} experts; timed with "
+              f"{cost.expert_bytes / 2**20:.2f} MiB experts, {cost.kernel} GPU kernel, planner "
+              f"{'measured' if args.planner_us is None else f'{args.planner_us:g} us/access'}")
         print(format_table(results))
     return 0

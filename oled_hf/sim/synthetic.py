@@ -13,6 +13,11 @@ decoder and a router:
   and interpolates from ``unsure_keep`` upwards with confidence for unsure masked ones: settled
   tokens keep their routes, unsure ones change theirs.
 
+* Predicted next-layer routes (trace version 2): layer l's prediction is the top-k of its
+  popularity plus a noise vector that keeps each element of the true one with probability
+  ``predict_keep`` (else redrawn), standing in for layer l's router applied to layer l-1's output.
+  A separate random stream, so the routes are the same with or without predictions.
+
 Each sequence is: a prefill forward (prompt rows), then per block: block start, one denoise forward
 + event per iteration, a KV-refresh forward, block end. Everything goes through :class:`TraceWriter`.
 """
@@ -54,6 +59,7 @@ def synthetic_trace(
     hidden_size: int = 64,
     moe_intermediate_size: int = 32,
     seed: int = 0,
+    predict_keep: float | None = 0.7,
 ) -> Trace:
     """A deterministic synthetic trace (same arguments, same trace)."""
     rng = np.random.default_rng(seed)
@@ -63,11 +69,19 @@ def synthetic_trace(
                          model="synthetic", decoding={"threshold": threshold, "seed": seed})
     scale = np.broadcast_to(np.asarray(popularity_scale, dtype=np.float64), (L,)).reshape(L, 1, 1)
     pop = rng.normal(size=(L, 1, E)) * scale
+    prng = np.random.default_rng([seed, 7919])
+
+    def predicted(noise: np.ndarray):
+        if predict_keep is None:
+            return None
+        keep = prng.random(size=noise.shape) < predict_keep
+        ids, w = _routes(pop + route_noise * np.where(keep, noise, prng.normal(size=noise.shape)), k)
+        return [None] + list(ids[1:]), [None] + list(w[1:])
     for seq in range(num_sequences):
         writer.begin_sequence(seq)
-        prompt = pop + route_noise * rng.normal(size=(L, batch * prompt_length, E))
-        ids, w = _routes(prompt, k)
-        writer.add_forward("prefill", -1, -1, list(ids), list(w))
+        prompt_noise = rng.normal(size=(L, batch * prompt_length, E))
+        ids, w = _routes(pop + route_noise * prompt_noise, k)
+        writer.add_forward("prefill", -1, -1, list(ids), list(w), predicted(prompt_noise))
         for block in range(num_blocks):
             pop = pop + rng.normal(0.0, drift, size=pop.shape)
             noise = rng.normal(size=(L, rows, E))
@@ -79,7 +93,7 @@ def synthetic_trace(
             it = 0
             while masked.any():
                 ids, w = _routes(pop + route_noise * noise, k)
-                writer.add_forward("denoise", block, it, list(ids), list(w))
+                writer.add_forward("denoise", block, it, list(ids), list(w), predicted(noise))
                 conf = 1.0 / (1.0 + np.exp(-(a + b * it)))
                 commit = masked & (conf >= threshold)
                 if not commit.any():
@@ -101,6 +115,6 @@ def synthetic_trace(
                 noise = np.where(redraw, rng.normal(size=(L, rows, E)), noise)
                 it += 1
             ids, w = _routes(pop + route_noise * noise, k)
-            writer.add_forward("refresh", block, it, list(ids), list(w))
+            writer.add_forward("refresh", block, it, list(ids), list(w), predicted(noise))
             writer.on_block_end(block, torch.from_numpy(tokens.reshape(batch, B).copy()))
     return writer.trace()

@@ -30,7 +30,8 @@ def test_cache_ratio_messages(value):
 def test_choice_messages():
     with pytest.raises(ValueError) as err:
         OffloadConfig(cache_size=4, policy="foo")
-    assert str(err.value) == "policy='foo' is unknown; known policies: lfu, lru, moe-infinity, oled, prefetch, static, tide"
+    assert str(err.value) == ("policy='foo' is unknown; known policies: "
+                              "lfu, lru, moe-infinity, oled, prefetch, static, tide")
     with pytest.raises(ValueError, match="cpu_compute='gpu' is unknown; allowed: auto, off"):
         OffloadConfig(cache_size=4, cpu_compute="gpu")
     with pytest.raises(ValueError, match="store='disk' is unknown; allowed: auto, mmap, pinned"):

@@ -20,7 +20,8 @@ def event(masked, conf, committed, block=0, it=0):
 
 def test_registry_and_config_knobs():
     assert available_policies() == ["lfu", "lru", "moe-infinity", "oled", "prefetch", "static", "tide"]
-    with pytest.raises(ValueError, match="policy='nope' is unknown; known policies: lfu, lru, moe-infinity, oled, prefetch, static, tide"):
+    with pytest.raises(ValueError, match="policy='nope' is unknown; known policies: "
+                       "lfu, lru, moe-infinity, oled, prefetch, static, tide"):
         make_policy("nope", 2, 8)
     cfg = OffloadConfig(cache_size=2, tide_interval=7, static_warmup_iterations=3, oled_decay=0.25)
     assert make_policy("tide", 2, 8, cfg).interval == 7

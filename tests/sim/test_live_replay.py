@@ -61,3 +61,32 @@ def test_recorder_on_resident_model_does_not_change_tokens(tiny_model, tiny_toke
     assert torch.equal(before, during)
     trace = recorder.writer.trace()
     assert [trace.forward(i).kind for i in range(trace.num_forwards)][:2] == ["denoise", "denoise"]
+
+
+def test_recorder_writes_predicted_next_layer_routes(tiny_model):
+    from oled_hf.sim.recorder import TraceRecorder
+
+    recorder = TraceRecorder(tiny_model)
+    try:
+        tiny_model.generate(torch.tensor([[1, 2, 3, 4, 5, 6]]), max_new_tokens=8, block_length=8)
+    finally:
+        recorder.detach()
+    trace = recorder.writer.trace()
+    assert trace.version == 2 and trace.has_predictions
+    pred, _ = trace.predicted_routing(1)
+    ids, _ = trace.routing(1)
+    assert pred.shape == ids.shape and (pred[0] == -1).all()
+    assert ((pred[1:] >= 0) & (pred[1:] < trace.num_experts)).all()
+
+
+def test_replay_cli_times_as_mini(tiny_path, tmp_path, capsys):
+    from oled_hf.cli.main import main
+    from oled_hf.sim.synthetic import synthetic_trace
+
+    path = tmp_path / "s.trace"
+    synthetic_trace(num_layers=3, num_experts=16, top_k=2, block_length=4, num_blocks=2).save(str(path))
+    assert main(["trace", "replay", str(path), "--cache-size", "4", "--as-model", "llada2.0-mini",
+                 "--gpu-launch-us", "8", "--planner-us", "20", "--policy", "lru", "prefetch"]) == 0
+    out = capsys.readouterr().out
+    assert "6.00 MiB experts" in out and "grouped GPU kernel" in out and "planner 20 us/access" in out
+    assert "prefetch" in out and "full (fused MoE)" in out and "full (per-expert loop)" in out

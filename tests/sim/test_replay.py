@@ -35,7 +35,8 @@ def test_trace_round_trip(trace, tmp_path):
     assert set(back.arrays) == set(trace.arrays)
     for k, v in trace.arrays.items():
         assert np.array_equal(back.arrays[k], v), k
-    assert replay(back, "lru", 5, cost_model=CM, planner_s=0.0).to_dict() == replay(trace, "lru", 5, cost_model=CM, planner_s=0.0).to_dict()
+    a = replay(back, "lru", 5, cost_model=CM, planner_s=0.0)
+    assert a.to_dict() == replay(trace, "lru", 5, cost_model=CM, planner_s=0.0).to_dict()
     ev = back.event(0)
     assert ev.masked.shape == (2, 8) and ev.confidence.dtype == torch.float32 and ev.token_ids.dtype == torch.long
     rec = back.forward(0)
