@@ -9,11 +9,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import benchmark, chat, checkpoints, demo, serve, trace
+from . import benchmark, chat, checkpoints, demo, report, serve, trace
 from . import eval as eval_cmd
 from .common import run_command
 
-COMMAND_MODULES = [checkpoints, demo, chat, serve, trace, benchmark, eval_cmd]
+COMMAND_MODULES = [checkpoints, demo, chat, serve, trace, benchmark, eval_cmd, report]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -23,7 +23,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--threshold", type=float, default=None)
     r.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
     r.add_argument("--raw", action="store_true", help="do not wrap prompts in the chat template")
+    r.add_argument("--batch-size", type=int, default=1, help="prompts per generate call (left-padded batch)")
+    r.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     r.set_defaults(func=record)
+    y = tsub.add_parser("synth", help="write a synthetic block-diffusion trace (default: LLaDA2.0-mini's shape)")
+    y.add_argument("--out", required=True)
+    y.add_argument("--layers", type=int, default=19)
+    y.add_argument("--experts", type=int, default=256)
+    y.add_argument("--top-k", type=int, default=8)
+    y.add_argument("--block-length", type=int, default=32)
+    y.add_argument("--blocks", type=int, default=4)
+    y.add_argument("--batch-size", type=int, default=1)
+    y.add_argument("--sequences", type=int, default=4)
+    y.add_argument("--seed", type=int, default=0)
+    y.set_defaults(func=synth)
     q = tsub.add_parser("replay", help="replay a trace through policies, next to full residency and Belady")
     q.add_argument("trace")
     q.add_argument("--cache-size", type=int, nargs="+", required=True, help="expert slots per MoE layer")
@@ -64,6 +77,10 @@ def record(args: argparse.Namespace) -> int:
 
     from ..sim.recorder import TraceRecorder
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size {args.batch_size} is invalid: must be >= 1")
     prompts = read_prompts(args.prompts)[: args.limit]
     model = AutoModelForCausalLM.from_pretrained(args.model, device_map=args.device).eval()
     tok = AutoTokenizer.from_pretrained(args.model)
@@ -71,21 +88,39 @@ def record(args: argparse.Namespace) -> int:
                                   threshold=args.threshold).items() if v is not None}
     recorder = TraceRecorder(model, decoding=gen)
     recorder.writer.header["block_length"] = gen.get("block_length", recorder.writer.header["block_length"])
+    recorder.writer.header["batch_size"] = args.batch_size
+    recorder.writer.header["prompts"] = str(args.prompts)
+    tok.padding_side = "left"
     new_tokens = 0
-    for i, prompt in enumerate(prompts):
-        recorder.begin_sequence(i)
+    for i in range(0, len(prompts), args.batch_size):
+        batch = prompts[i: i + args.batch_size]
+        recorder.begin_sequence(i // args.batch_size)
         if args.raw:
-            ids = tok(prompt, return_tensors="pt")
+            ids = tok(batch, return_tensors="pt", padding=True)
         else:
-            ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                          return_tensors="pt", return_dict=True)
+            ids = tok.apply_chat_template([[{"role": "user", "content": p}] for p in batch],
+                                          add_generation_prompt=True, return_tensors="pt", return_dict=True,
+                                          padding=True)
         with torch.no_grad():
             out = model.generate(**ids.to(model.device), **gen)
-        new_tokens += out.shape[1] - ids["input_ids"].shape[1]
+        new_tokens += (out.shape[1] - ids["input_ids"].shape[1]) * len(batch)
     path = recorder.save(args.out)
     trace = recorder.writer.trace()
     print(f"recorded {len(prompts)} prompts, {trace.num_forwards} forwards, {trace.routing_entries} expert "
           f"accesses, {new_tokens} new tokens -> {path}")
+    return 0
+
+
+def synth(args: argparse.Namespace) -> int:
+    from ..sim.synthetic import synthetic_trace
+
+    trace = synthetic_trace(num_layers=args.layers, num_experts=args.experts, top_k=args.top_k,
+                            block_length=args.block_length, num_blocks=args.blocks, batch=args.batch_size,
+                            num_sequences=args.sequences, hidden_size=2048, moe_intermediate_size=512,
+                            seed=args.seed)
+    trace.header["batch_size"] = args.batch_size
+    trace.save(args.out)
+    print(f"synthetic trace: {trace.num_forwards} forwards, {trace.routing_entries} expert accesses -> {args.out}")
     return 0
 
 
