@@ -28,7 +28,7 @@ from .belady import belady_global, belady_min
 from .replay import ReplayResult, replay
 from .trace import Trace
 
-SIZES_PCT = (10, 15, 25, 40, 60, 80, 100)
+SIZES_PCT = (10, 15, 25, 40, 60, 100)
 HEADLINE_PCT = (15, 25, 40)
 PCIE_GBPS = (16, 32, 64)
 
