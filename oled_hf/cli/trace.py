@@ -46,6 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--cost-model", choices=["h200-pcie5", "recorded"], default="h200-pcie5",
                    help="simulated hardware: the H200 + PCIe 5.0 preset, or the model calibrated when recording")
     add_cost_model_args(q)
+    q.add_argument("--warmup-sequences", type=int, default=0,
+                   help="recorded sequences that warm the cache before counting and timing start")
     q.add_argument("--json", action="store_true", help="print JSON instead of a table")
     q.set_defaults(func=replay_cmd)
     p.set_defaults(func=lambda args: p.print_help() or 2)
@@ -143,7 +145,8 @@ def replay_cmd(args: argparse.Namespace) -> int:
     if too_big:
         raise ValueError(f"--cache-size {too_big[0]} is invalid: must be between 1 and num_experts={trace.num_experts}")
     results = compare(trace, args.policy, args.cache_size, layer_adaptive=not args.no_layer_adaptive,
-                      cpu_compute=args.cpu_compute, cost_model=cost, planner_s=planner_seconds(args))
+                      cpu_compute=args.cpu_compute, cost_model=cost, planner_s=planner_seconds(args),
+                      warmup_sequences=args.warmup_sequences)
     if args.json:
         print(json.dumps([r.to_dict() for r in results], indent=2))
     else:

@@ -38,7 +38,10 @@ from oled_hf.offload.policies.prefetch import Prefetcher
 
 from .belady import belady_global, belady_min
 from .timeline import Timeline
-from .trace import OP_BLOCK_END, OP_FORWARD, Trace
+from .trace import OP_BLOCK_END, OP_EVENT, OP_FORWARD, Trace
+
+_COUNTED = ("hits", "misses", "evictions", "copies", "bytes_copied", "cpu_expert_tokens", "gpu_expert_tokens",
+            "dead_on_arrival", "accesses")
 
 
 @dataclass
@@ -167,6 +170,7 @@ def replay(
     cost_model: CostModel | None = None,
     offload_config: OffloadConfig | None = None,
     planner_s: float | None = None,
+    warmup_sequences: int = 0,
     check_invariants: bool = False,
 ) -> ReplayResult:
     """Run the trace through a fresh controller. Explicit arguments override ``offload_config``.
@@ -174,6 +178,8 @@ def replay(
     ``cache_size`` is slots per MoE layer (None: take the budget from ``offload_config``).
     ``planner_s``: host planner seconds per layer access; None measures the wall time of the
     policy update, plan, prefetch decision and event handling as they run here.
+    ``warmup_sequences``: the first N recorded sequences warm the cache and the policy (as a server
+    that has run earlier requests) and are left out of every counter and time; 0 = cold start.
     """
     if cache_size is None and offload_config is None:
         raise ValueError("replay needs cache_size (slots per MoE layer) or an offload_config with a budget")
@@ -198,8 +204,21 @@ def replay(
     full = loop = planner_total = exposed = 0.0
     slot_accesses = forwards = 0
     nonexpert = cm.nonexpert_s_per_layer
+    fwd_seq = trace.arrays["fwd_seq"]
+    seqs_seen: list[int] = []
+    base: dict[str, Any] | None = None if warmup_sequences > 0 else {}
+    committed = 0
+    ev_off, ev_com = trace.arrays["ev_offsets"], trace.arrays["ev_committed"]
     for op, idx in trace.ops():
         if op == OP_FORWARD:
+            seq = int(fwd_seq[idx])
+            if not seqs_seen or seqs_seen[-1] != seq:
+                seqs_seen.append(seq)
+                if base is None and len(seqs_seen) > warmup_sequences:  # warm-up over: zero the books
+                    base = {"stats": {k: ctrl.stats.total(k) for k in _COUNTED}, "full": full, "loop": loop,
+                            "planner": planner_total, "exposed": exposed, "slots": slot_accesses,
+                            "forwards": forwards, "t0": max(tl.gpu_free, tl.host_free), "committed": committed,
+                            "pf": (book.issued, book.used, book.wasted)}
             forwards += 1
             ctrl.begin_forward()
             ids, weights = trace.routing(idx)
@@ -249,6 +268,8 @@ def replay(
             if check_invariants:
                 ctrl.state.check_invariants()
         else:
+            if op == OP_EVENT:
+                committed += int(ev_com[int(ev_off[idx]):int(ev_off[idx + 1])].sum())
             t0 = clock()
             trace.deliver(ctrl, op, idx)
             host = clock() - t0 if measured else 0.0
@@ -261,18 +282,29 @@ def replay(
                 planner_total += host
                 tl.host(tl.gpu_free, host)
     book.finish()
+    if base is None:
+        raise ValueError(f"warmup_sequences={warmup_sequences} leaves nothing to time: the trace has "
+                         f"{len(seqs_seen)} sequence(s)")
     st = ctrl.stats
+    b0 = base.get("stats", {})
+
+    def total(name: str) -> int:
+        return st.total(name) - b0.get(name, 0)
+
+    pf0 = base.get("pf", (0, 0, 0))
     return ReplayResult(
         policy=policy_name, cache_size=ctrl.total_slots / L, layer_adaptive=layer_adaptive,
-        cpu_compute=cpu_compute, hits=st.total("hits"), misses=st.total("misses"),
-        evictions=st.total("evictions"), copies=st.total("copies"), bytes_copied=st.total("bytes_copied"),
-        cpu_expert_tokens=st.total("cpu_expert_tokens"), gpu_expert_tokens=st.total("gpu_expert_tokens"),
-        dead_on_arrival=st.total("dead_on_arrival"), layer_accesses=st.total("accesses"),
-        routing_entries=trace.routing_entries, output_tokens=trace.output_tokens(),
-        sim_time_s=max(tl.gpu_free, tl.host_free), full_time_s=full, loop_time_s=loop, forwards=forwards,
-        planner_time_s=planner_total, exposed_copy_s=exposed, prefetch_issued=book.issued,
-        prefetch_used=book.used, prefetch_wasted=book.wasted, expert_bytes=cm.expert_bytes,
-        slot_accesses=slot_accesses, kernel=cm.kernel, capacities=list(ctrl.capacities),
+        cpu_compute=cpu_compute, hits=total("hits"), misses=total("misses"),
+        evictions=total("evictions"), copies=total("copies"), bytes_copied=total("bytes_copied"),
+        cpu_expert_tokens=total("cpu_expert_tokens"), gpu_expert_tokens=total("gpu_expert_tokens"),
+        dead_on_arrival=total("dead_on_arrival"), layer_accesses=total("accesses"),
+        routing_entries=trace.routing_entries, output_tokens=committed - base.get("committed", 0),
+        sim_time_s=max(tl.gpu_free, tl.host_free) - base.get("t0", 0.0), full_time_s=full - base.get("full", 0.0),
+        loop_time_s=loop - base.get("loop", 0.0), forwards=forwards - base.get("forwards", 0),
+        planner_time_s=planner_total - base.get("planner", 0.0), exposed_copy_s=exposed - base.get("exposed", 0.0),
+        prefetch_issued=book.issued - pf0[0], prefetch_used=book.used - pf0[1],
+        prefetch_wasted=book.wasted - pf0[2], expert_bytes=cm.expert_bytes,
+        slot_accesses=slot_accesses - base.get("slots", 0), kernel=cm.kernel, capacities=list(ctrl.capacities),
         per_layer_hit_rate=st.layer_hit_rates(),
     )
 
@@ -286,6 +318,7 @@ def compare(
     cpu_compute: str = "auto",
     cost_model: CostModel | None = None,
     planner_s: float | None = None,
+    warmup_sequences: int = 0,
     bounds: bool = True,
 ) -> list[ReplayResult]:
     """Replay every (policy, cache size) and attach the matching Belady bound.
@@ -311,7 +344,7 @@ def compare(
             if getattr(pol, "uses_predicted_routes", False) and not trace.has_predictions:
                 continue
             r = replay(trace, name, size, layer_adaptive=layer_adaptive, cpu_compute=cpu_compute,
-                       cost_model=cost_model, planner_s=planner_s)
+                       cost_model=cost_model, planner_s=planner_s, warmup_sequences=warmup_sequences)
             if bound is not None:
                 r.bound_hit_rate, r.bound_name = bound.hit_rate, bound.name
             results.append(r)

@@ -90,6 +90,7 @@ class TraceInfo:
     forwards: int
     output_tokens: int
     has_predictions: bool
+    warmup: int = 0  # recorded sequences replayed untimed before counting starts
     runs: list[Run] = field(default_factory=list)
 
 
@@ -101,7 +102,7 @@ def trace_info(label: str, path: str, trace: Trace) -> TraceInfo:
 
 
 def run_systems(trace: Trace, label: str, systems: Iterable[System], pcts: Iterable[float], cost: CostModel,
-                planner_s: float | None, bounds: bool = True) -> list[Run]:
+                planner_s: float | None, bounds: bool = True, warmup_sequences: int = 0) -> list[Run]:
     """Replay every system at every size; attach the Belady bound that matches each run's split."""
     runs: list[Run] = []
     for pct in pcts:
@@ -111,7 +112,7 @@ def run_systems(trace: Trace, label: str, systems: Iterable[System], pcts: Itera
             if s.policy == "prefetch" and not trace.has_predictions:
                 continue
             r = replay(trace, s.policy, size, layer_adaptive=s.layer_adaptive, cpu_compute=s.cpu_compute,
-                       cost_model=cost, planner_s=planner_s)
+                       cost_model=cost, planner_s=planner_s, warmup_sequences=warmup_sequences)
             bound = None
             if bounds:
                 if s.layer_adaptive not in cache:

@@ -99,3 +99,15 @@ def test_version_1_trace_replays_without_the_prefetch_baseline():
     names = [r.policy for r in compare(v1, ["lru", "prefetch", "moe-infinity"], [4], cost_model=GROUPED,
                                        planner_s=0.0, bounds=False)]
     assert names == ["lru", "moe-infinity"]
+
+
+def test_warmup_sequences_are_left_out_of_counts_and_time():
+    t = synthetic_trace(num_layers=3, num_experts=16, top_k=2, block_length=4, num_blocks=2, num_sequences=3, seed=5)
+    cold = replay(t, "lru", 16, layer_adaptive=False, cpu_compute="off", cost_model=GROUPED, planner_s=0.0)
+    warm = replay(t, "lru", 16, layer_adaptive=False, cpu_compute="off", cost_model=GROUPED, planner_s=0.0,
+                  warmup_sequences=1)
+    assert warm.forwards < cold.forwards and 0 < warm.output_tokens < cold.output_tokens
+    assert warm.misses < cold.misses and warm.ratio_to_full < cold.ratio_to_full
+    assert warm.ratio_to_full >= 1.0
+    with pytest.raises(ValueError, match="leaves nothing to time"):
+        replay(t, "lru", 16, cost_model=GROUPED, planner_s=0.0, warmup_sequences=3)
