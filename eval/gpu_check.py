@@ -3,7 +3,10 @@
 Builds a random-weight checkpoint with LLaDA2.0-mini's full dimensions (or takes --model), then
 decodes the same prompts fully resident and offloaded (``oled`` and ``lru`` at cache sizes 40 and
 100 slots per layer, CPU compute on: token agreement reported; plus ``oled`` at 40 with CPU compute
-off, which must match exactly). The tests run it on the CPU in a reduced form (--preset tiny).
+off, which must match exactly). It also times full residency with the per-expert loop (the grouped
+kernels' reference: grouped vs loop TPOT, token agreement) and reports the host time per layer
+access of each offloaded run (routing to host + policy + planning, from the runtime's ``policy``
+timer). The tests run it on the CPU in a reduced form (--preset tiny).
 
     python eval/gpu_check.py [--model DIR] [--preset mini] [--device cuda] [--out-dir /tmp/gpu_check]
 """
@@ -19,6 +22,7 @@ from pathlib import Path
 
 import torch
 from oled_hf.modeling import OledLLaDA2Config, OledLLaDA2ForDiffusionLM
+from oled_hf.modeling.experts import LOOP_EXECUTOR, grouped_supported
 
 import oled_hf  # noqa: F401
 from oled_hf import OffloadConfig
@@ -87,10 +91,16 @@ def main(argv=None) -> int:
     prompts = [torch.randint(0, config.vocab_size - 8, (1, 24 + 9 * i), generator=gen) for i in range(args.prompts)]
     resident = OledLLaDA2ForDiffusionLM.from_pretrained(path, device_map=args.device).eval()
     reference, full_tpot = run(resident, prompts, args.gen_length, args.block_length)
+    grouped = grouped_supported(resident.device.type, resident.dtype)
+    for block in resident.moe_blocks():
+        block.experts_executor = LOOP_EXECUTOR
+    loop_outs, loop_tpot = run(resident, prompts, args.gen_length, args.block_length)
     del resident
     gc.collect()
     rows = [{"config": "full residency", "tpot_ms": 1e3 * full_tpot, "hit_rate": None, "bytes_copied": 0,
-             "token_agreement": 1.0}]
+             "token_agreement": 1.0},
+            {"config": "full residency, expert loop", "tpot_ms": 1e3 * loop_tpot, "hit_rate": None,
+             "bytes_copied": 0, "token_agreement": agreement(loop_outs, reference), "x_full": loop_tpot / full_tpot}]
     configs = [(pol, cs, "auto") for cs in args.cache_sizes for pol in args.policies]
     configs.append((args.policies[0], args.cache_sizes[0], "off"))
     exact_ok = True
@@ -103,18 +113,23 @@ def main(argv=None) -> int:
         agree = agreement(outs, reference)
         if cpu == "off" and agree != 1.0:
             exact_ok = False
+        accesses = max(total["forwards"] * config.num_moe_layers, 1)
         rows.append({"config": f"{policy} @ {size} slots, cpu {cpu}", "tpot_ms": 1e3 * tpot,
                      "hit_rate": total["hit_rate"], "bytes_copied": total["bytes_copied"],
                      "token_agreement": agree, "cpu_expert_tokens": total["cpu_expert_tokens"],
-                     "x_full": tpot / full_tpot})
+                     "x_full": tpot / full_tpot, "host_us_per_layer": 1e6 * total["policy_seconds"] / accesses})
         del model
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+    print(f"grouped expert GEMM on {args.device}: {'yes' if grouped else 'NO (per-expert loop fallback)'}; "
+          f"resident grouped vs loop TPOT: {1e3 * full_tpot:.2f} vs {1e3 * loop_tpot:.2f} ms "
+          f"({loop_tpot / full_tpot:.2f}x)")
     for r in rows:
         hit = "-" if r["hit_rate"] is None else f"{r['hit_rate']:.3f}"
+        host = f"  host {r['host_us_per_layer']:7.1f} us/layer" if "host_us_per_layer" in r else ""
         print(f"{r['config']:<32} TPOT {r['tpot_ms']:9.2f} ms  hit rate {hit:>6}  "
-              f"bytes copied {r['bytes_copied'] / 2**20:10.1f} MiB  token agreement {r['token_agreement']:.4f}")
+              f"bytes copied {r['bytes_copied'] / 2**20:10.1f} MiB  token agreement {r['token_agreement']:.4f}{host}")
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "gpu_check.json").write_text(json.dumps(rows, indent=2))
     print("exact tokens with CPU compute off:", "yes" if exact_ok else "NO")

@@ -11,8 +11,10 @@ amortised over the plan calls), for two shapes:
 * ``small``: the ``small`` preset (7 MoE layers, 64 experts, top-8, 32-token blocks) at 26 slots per
   layer (~40 %). Uses a trace recorded from that checkpoint if ``--trace`` is given, else a synthetic
   one of the same shape. Budget: ~65 us per plan call (2 % of a ~23 ms resident forward).
-* ``mini``: LLaDA2.0-mini's shape (19 MoE layers, 256 experts, top-8) at 100 slots per layer,
-  synthetic routing.
+* ``mini``: LLaDA2.0-mini's shape (19 MoE layers, 256 experts, top-8, blocks of 32) at 10, 40 and
+  100 % of the experts cached (26, 102, 256 slots per layer), synthetic routing. Budget: 50 us
+  per layer access for oled at 40 % (under 1 ms per 19-layer forward, against ~3.2 ms for a
+  fused-resident forward on an H200); each mini row also prints ms per forward.
 
 A digest of all plans, rebalances and stats per configuration is printed with ``--digest`` (to check
 that an optimisation changed no decision). A trace of the small checkpoint is recorded with::
@@ -46,6 +48,7 @@ from oled_hf.sim.trace import OP_BLOCK_END, OP_BLOCK_START, OP_EVENT, OP_FORWARD
 POLICIES = ("oled", "lru", "lfu", "static", "tide")
 KINDS = ("plan", "on_iteration", "on_block_start", "on_block_end")
 BUDGET_US = 65.0  # small preset: 2 % of a ~23 ms resident forward, over its 7 MoE layers
+MINI_BUDGET_US = 50.0  # mini at 40 %: under 1 ms per 19-layer forward (a fused-resident H200 forward ~3.2 ms)
 
 
 @dataclass
@@ -132,13 +135,16 @@ def measure(work: Workload, configs: list[tuple[str, str]], runs: int, digest: b
     for _ in range(runs):
         for cfg in configs:
             samples[cfg].append(run_once(work, *cfg)[0])
-    return {
-        cfg: ({k: 1e6 * statistics.median(s[k] for s in samples[cfg]) for k in samples[cfg][0]}, digests[cfg])
-        for cfg in configs
-    }
+    out = {}
+    for cfg in configs:
+        us = {k: 1e6 * statistics.median(s[k] for s in samples[cfg]) for k in samples[cfg][0]}
+        totals = [1e6 * s["total"] for s in samples[cfg]]
+        us["spread"] = max(totals) - min(totals)  # of the per-run totals, max - min
+        out[cfg] = (us, digests[cfg])
+    return out
 
 
-def workloads(trace_path: str | None, blocks: int) -> list[Workload]:
+def workloads(trace_path: str | None, blocks: int, mini_percents=(10, 40, 100)) -> list[Workload]:
     if trace_path:
         small = load_trace(trace_path)
         small_name = f"small (recorded {trace_path})"
@@ -149,7 +155,9 @@ def workloads(trace_path: str | None, blocks: int) -> list[Workload]:
         small_name = "small (synthetic)"
     mini = synthetic_trace(num_layers=19, num_experts=256, top_k=8, block_length=32, num_blocks=max(2, blocks // 2),
                            prompt_length=32, hidden_size=2048, moe_intermediate_size=512, seed=0)
-    return [Workload.build(small_name, small, 26), Workload.build("mini (synthetic)", mini, 100)]
+    minis = [Workload.build(f"mini (synthetic, {p}% cached)", mini, max(1, round(256 * p / 100)))
+             for p in mini_percents]
+    return [Workload.build(small_name, small, 26), *minis]
 
 
 def main() -> None:
@@ -160,22 +168,29 @@ def main() -> None:
     ap.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
     ap.add_argument("--only", choices=("small", "mini"), help="measure one shape only")
     ap.add_argument("--digest", action="store_true", help="print a digest of every configuration's plans")
+    ap.add_argument("--mini-percent", type=float, nargs="+", default=[10, 40, 100],
+                    help="mini cache sizes, %% of the 256 experts per layer")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    for work in workloads(args.trace, args.blocks):
+    for work in workloads(args.trace, args.blocks, args.mini_percent):
         if args.only and not work.name.startswith(args.only):
             continue
         tr = work.trace
         print(f"\n{work.name}: {tr.num_layers} MoE layers x {tr.num_experts} experts, {tr.num_forwards} forwards, "
               f"cache {work.cache_size}/layer; us per call, median of {args.runs} runs")
         print(f"{'policy':8} {'cpu':5} {'plan':>8} {'on_iter':>8} {'blk_start':>9} {'blk_end':>8} {'total':>8}"
-              + ("  digest" if args.digest else ""))
+              f" {'spread':>7} {'ms/fwd':>7} {'x lru':>6}" + ("  digest" if args.digest else ""))
         configs = [(policy, cpu) for policy in args.policies for cpu in ("auto", "off")]
-        for (policy, cpu), (us, dig) in measure(work, configs, args.runs, args.digest).items():
+        results = measure(work, configs, args.runs, args.digest)
+        for (policy, cpu), (us, dig) in results.items():
+            lru = results.get(("lru", cpu), (None,))[0]
+            vs_lru = f"{us['total'] / lru['total']:6.2f}" if lru else f"{'-':>6}"
             print(f"{policy:8} {cpu:5} {us['plan']:8.1f} {us['on_iteration']:8.1f} {us['on_block_start']:9.1f} "
-                  f"{us['on_block_end']:8.1f} {us['total']:8.1f}" + (f"  {dig}" if args.digest else ""))
-    print(f"\ntotal = all controller calls per plan call (plan + events + block ends, amortised); "
-          f"budget for the small preset ~{BUDGET_US:.0f} us")
+                  f"{us['on_block_end']:8.1f} {us['total']:8.1f} {us['spread']:7.1f} "
+                  f"{us['total'] * tr.num_layers / 1e3:7.3f} {vs_lru}" + (f"  {dig}" if args.digest else ""))
+    print(f"\ntotal = all controller calls per plan call (plan + events + block ends, amortised), i.e. host us per "
+          f"layer access; spread = max - min of the per-run totals; ms/fwd = total x MoE layers; x lru = total / "
+          f"lru's total (same cpu mode). Budgets: small ~{BUDGET_US:.0f} us, mini at 40 % {MINI_BUDGET_US:.0f} us")
     print(f"\n(numpy {np.__version__}, torch {torch.__version__}, 1 thread)")
 
 

@@ -3,14 +3,21 @@
 Flags follow the reference tool (``--model --device --gen-length --block-length --cache-size
 --warmup-runs --runs --profile --report-dir``) plus ``--policy`` (several) and ``--json``.
 Every configuration decodes the same prompts; tokens are checked against the resident run.
+
+Configurations are measured round-robin: all are loaded first, then each run decodes every
+prompt once per configuration, in an order that rotates from run to run. Load drift on a shared
+machine then hits every configuration alike (one-after-another runs swung a ratio from 0.37 to
+1.25). Each row reports the median TPOT over runs and its spread (max - min), and the ratio to
+full residency is the median of the per-run ratios (each pair measured in the same round).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..offload.config import KNOWN_POLICIES
@@ -38,14 +45,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", action="store_true", help="synchronise the device around timed sections")
     p.add_argument("--report-dir", default=None, help="write report.json and per-layer stats here")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--loop-reference", action="store_true",
+                   help="also time full residency with the per-expert loop (the grouped kernels' reference)")
     p.set_defaults(func=benchmark)
 
 
 @dataclass
 class Row:
     config: str
-    tpot_ms: float
+    tpot_ms: float  # median over runs
     tokens_per_forward: float
+    tpot_spread_ms: float = 0.0  # max - min over runs
     hit_rate: float | None = None
     bytes_per_token: float | None = None
     cpu_share: float | None = None
@@ -59,49 +69,84 @@ def encode_prompts(tok, prompts: list[str]):
                                     return_tensors="pt", return_dict=True) for p in prompts]
 
 
-def timed_generation(model, inputs, args, runs: int, warmup: int):
-    """Generate every prompt ``warmup + runs`` times; return (outputs, seconds per token, tokens/forward)."""
+@dataclass
+class Measured:
+    """One configuration's model and what the round-robin runs gave."""
+
+    name: str
+    model: object
+    tpot: list[float] = field(default_factory=list)  # seconds per output token, one per run
+    outputs: list = field(default_factory=list)
+    tokens_per_forward: float = 0.0
+    tokens: int = 0
+
+
+def generate_all(model, inputs, gen: dict):
+    """Decode every prompt once: (outputs, seconds, new tokens, iterations)."""
     import torch
 
+    sync = (lambda: torch.cuda.synchronize()) if model.device.type == "cuda" else (lambda: None)
+    seconds, tokens, iterations, outputs = 0.0, 0, 0, []
+    for ids in inputs:
+        sync()
+        start = time.perf_counter()
+        out = model.generate(**ids.to(model.device), **gen)
+        sync()
+        seconds += time.perf_counter() - start
+        tokens += out.sequences.shape[1] - ids["input_ids"].shape[1]
+        iterations += int(out.iterations.sum())
+        outputs.append(out.sequences.cpu())
+    return outputs, seconds, tokens, iterations
+
+
+def measure_round_robin(configs: list[Measured], inputs, args, runs: int, warmup: int) -> None:
+    """Warm every configuration up, then per run decode every prompt with each, rotating the order."""
     gen = dict(max_new_tokens=args.gen_length, block_length=args.block_length, return_dict_in_generate=True)
     if args.threshold is not None:
         gen["threshold"] = args.threshold
-    sync = (lambda: torch.cuda.synchronize()) if model.device.type == "cuda" else (lambda: None)
     for _ in range(warmup):
-        for ids in inputs:
-            model.generate(**ids.to(model.device), **gen)
-    if hasattr(model, "reset_offload_stats"):
-        model.reset_offload_stats()
-    seconds, tokens, iterations, outputs = 0.0, 0, 0, []
-    for _ in range(runs):
-        outputs = []
-        for ids in inputs:
-            sync()
-            start = time.perf_counter()
-            out = model.generate(**ids.to(model.device), **gen)
-            sync()
-            seconds += time.perf_counter() - start
-            new = out.sequences.shape[1] - ids["input_ids"].shape[1]
-            tokens += new
-            iterations += int(out.iterations.sum())
-            outputs.append(out.sequences.cpu())
-    return outputs, seconds / max(tokens, 1), tokens / max(iterations, 1)
+        for c in configs:
+            generate_all(c.model, inputs, gen)
+    for c in configs:
+        if hasattr(c.model, "reset_offload_stats"):
+            c.model.reset_offload_stats()
+    iterations = {c.name: 0 for c in configs}
+    for r in range(runs):
+        for i in range(len(configs)):
+            c = configs[(i + r) % len(configs)]
+            c.outputs, seconds, tokens, its = generate_all(c.model, inputs, gen)
+            c.tpot.append(seconds / max(tokens, 1))
+            c.tokens += tokens
+            iterations[c.name] += its
+    for c in configs:
+        c.tokens_per_forward = c.tokens / max(iterations[c.name], 1)
 
 
-def offload_row(name: str, model, outputs, reference, tpot: float, tpf: float, full_tpot: float, tokens: int) -> Row:
+def spread(values: list[float]) -> float:
+    return max(values) - min(values) if values else 0.0
+
+
+def paired_ratio(a: list[float], b: list[float]) -> float:
+    """Median over runs of a[r] / b[r]: both measured in the same round."""
+    return statistics.median(x / y for x, y in zip(a, b))
+
+
+def offload_row(c: Measured, reference, full: Measured) -> Row:
     import torch
 
+    model = c.model
     stats = model.offload_stats()
     total = stats["total"]
     expert_tokens = sum(int(x) for x in model._offload_runtime.controller.stats.gpu_expert_tokens)
     expert_tokens += total["cpu_expert_tokens"]
     return Row(
-        config=name, tpot_ms=tpot * 1e3, tokens_per_forward=tpf, hit_rate=total["hit_rate"],
-        bytes_per_token=total["bytes_copied"] / max(tokens, 1),
+        config=c.name, tpot_ms=statistics.median(c.tpot) * 1e3, tokens_per_forward=c.tokens_per_forward,
+        tpot_spread_ms=spread(c.tpot) * 1e3, hit_rate=total["hit_rate"],
+        bytes_per_token=total["bytes_copied"] / max(c.tokens, 1),
         cpu_share=total["cpu_expert_tokens"] / max(expert_tokens, 1),
         policy_ms_per_forward=1e3 * total["policy_seconds"] / max(total["forwards"], 1),
-        ratio_to_full=tpot / full_tpot,
-        same_tokens=all(torch.equal(a, b) for a, b in zip(outputs, reference)),
+        ratio_to_full=paired_ratio(c.tpot, full.tpot),
+        same_tokens=all(torch.equal(a, b) for a, b in zip(c.outputs, reference)),
     )
 
 
@@ -111,6 +156,7 @@ def benchmark(args: argparse.Namespace) -> int:
 
     import oled_hf  # noqa: F401
 
+    from ..modeling.experts import LOOP_EXECUTOR
     from ..offload.config import OffloadConfig
 
     if args.cache_size is None and args.cache_ratio is None:
@@ -120,25 +166,34 @@ def benchmark(args: argparse.Namespace) -> int:
         load["dtype"] = getattr(torch, args.dtype)
     tok = AutoTokenizer.from_pretrained(args.model)
     inputs = encode_prompts(tok, args.prompt or DEFAULT_PROMPTS)
-    resident = AutoModelForCausalLM.from_pretrained(args.model, **load).eval()
-    reference, full_tpot, full_tpf = timed_generation(resident, inputs, args, args.runs, args.warmup_runs)
-    del resident
-    tokens = sum(o.shape[1] - i["input_ids"].shape[1] for o, i in zip(reference, inputs)) * args.runs
-    rows = [Row("full residency", full_tpot * 1e3, full_tpf)]
+    full = Measured("full residency", AutoModelForCausalLM.from_pretrained(args.model, **load).eval())
+    configs = [full]
+    if args.loop_reference:
+        loop = AutoModelForCausalLM.from_pretrained(args.model, **load).eval()
+        for block in loop.moe_blocks():
+            block.experts_executor = LOOP_EXECUTOR
+        configs.append(Measured("full residency (per-expert loop)", loop))
     budgets = [("cache_size", c) for c in args.cache_size] if args.cache_size else [("cache_ratio", args.cache_ratio)]
-    details = {}
     for key, value in budgets:
         for policy in args.policy:
             config = OffloadConfig(**{key: value}, policy=policy, cpu_compute=args.cpu_compute)
             model = AutoModelForCausalLM.from_pretrained(args.model, offload_config=config, **load).eval()
             model._offload_runtime.profile = args.profile
-            outputs, tpot, tpf = timed_generation(model, inputs, args, args.runs, args.warmup_runs)
-            name = f"{policy} @ {key.replace('_', ' ')} {value}"
-            rows.append(offload_row(name, model, outputs, reference, tpot, tpf, full_tpot, tokens))
-            details[name] = model.offload_stats()
-            del model
+            configs.append(Measured(f"{policy} @ {key.replace('_', ' ')} {value}", model))
+    measure_round_robin(configs, inputs, args, args.runs, args.warmup_runs)
+    reference = full.outputs
+    rows, details = [], {}
+    for c in configs:
+        if getattr(c.model, "_offload_runtime", None) is not None:
+            rows.append(offload_row(c, reference, full))
+            details[c.name] = c.model.offload_stats()
+        else:
+            rows.append(Row(c.name, statistics.median(c.tpot) * 1e3, c.tokens_per_forward, spread(c.tpot) * 1e3,
+                            ratio_to_full=paired_ratio(c.tpot, full.tpot),
+                            same_tokens=all(torch.equal(a, b) for a, b in zip(c.outputs, reference))))
     report = {"model": args.model, "device": args.device, "gen_length": args.gen_length,
-              "block_length": args.block_length, "runs": args.runs, "rows": [asdict(r) for r in rows]}
+              "block_length": args.block_length, "runs": args.runs, "order": "round-robin",
+              "rows": [asdict(r) for r in rows]}
     if args.report_dir:
         out = Path(args.report_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -148,13 +203,14 @@ def benchmark(args: argparse.Namespace) -> int:
 
 
 def format_rows(rows: list[Row]) -> str:
-    head = ["config", "TPOT ms", "tok/fwd", "hit rate", "bytes/token", "CPU share", "policy ms/fwd", "x full",
+    head = ["config", "TPOT ms", "spread", "tok/fwd", "hit rate", "bytes/token", "CPU share", "policy ms/fwd", "x full",
             "same tokens"]
 
     def fmt(v, spec):
         return "-" if v is None else format(v, spec)
 
-    table = [head] + [[r.config, fmt(r.tpot_ms, ".2f"), fmt(r.tokens_per_forward, ".2f"), fmt(r.hit_rate, ".3f"),
+    table = [head] + [[r.config, fmt(r.tpot_ms, ".2f"), fmt(r.tpot_spread_ms, ".2f"), fmt(r.tokens_per_forward, ".2f"),
+                       fmt(r.hit_rate, ".3f"),
                        fmt(r.bytes_per_token, ",.0f"), fmt(r.cpu_share, ".3f"), fmt(r.policy_ms_per_forward, ".3f"),
                        f"{r.ratio_to_full:.2f}", "yes" if r.same_tokens else "NO"] for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]

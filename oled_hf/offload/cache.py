@@ -67,6 +67,33 @@ class ExpertCache:
             event.record(torch.cuda.current_stream(self.device))
             self.in_use[slot] = event
 
+    def layer_views(self, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Slots ``lo..hi-1`` as grouped-GEMM weights: ``gate_up [n, 2I, H]`` and ``down [n, H, I]`` (views).
+
+        A slot row is (gate, up, down) side by side, so gate and up of a slot are one ``[2I, H]``
+        block: the pool is its own stacked layout, and cached experts run as one grouped call.
+        """
+        h, i = self.store.hidden, self.store.inter
+        rows = self.pool[lo:hi]
+        return rows[:, : 2 * i * h].view(hi - lo, 2 * i, h), rows[:, 2 * i * h :].view(hi - lo, h, i)
+
+    def wait_ready(self, slots) -> None:
+        """On CUDA, make the current stream wait for the copies into ``slots`` still in flight."""
+        if self.cuda and self.ready:
+            stream = torch.cuda.current_stream(self.device)
+            for slot in slots:
+                event = self.ready.pop(int(slot), None)
+                if event is not None:
+                    stream.wait_event(event)
+
+    def mark_used_many(self, slots) -> None:
+        """:meth:`mark_used` for several slots read by one queued (grouped) computation: one event."""
+        if self.cuda:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(self.device))
+            for slot in slots:
+                self.in_use[int(slot)] = event
+
     def weights(self, slot: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Views of a slot's (gate, up, down); on CUDA the current stream first waits for its copy."""
         if self.cuda and slot in self.ready:

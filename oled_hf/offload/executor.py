@@ -1,9 +1,19 @@
 """The offloaded experts executor: runs one MoE layer's routed experts from the cache or the CPU.
 
-Per call: ask the controller for a plan (policy + planner + dispatcher), then compute hits from
-their slots, each copy right after it lands in its slot, and CPU-assigned misses from the host
-store (concurrently with the device work when the device is a GPU). Every expert sees exactly
-the token rows the resident executor would give it and uses the same SwiGLU and combine
+Per call: copy the routing to the host once (ids and, if the policy reads them, gate weights in
+one transfer), ask the controller for a plan (policy + planner + dispatcher), then run
+
+* the hits as one grouped SwiGLU over the slot pool (the pool's rows are (gate, up, down) side
+  by side, so a slot range is a stacked ``[n, 2I, H]`` / ``[n, H, I]`` view; slots of other
+  layers or idle slots in the range are zero-token groups),
+* the copies, after they land, as one more grouped call (on CUDA the copies stream in while the
+  hits compute; a request larger than the layer's capacity streams through slots in turn, one
+  grouped call per round of distinct slots),
+* the CPU-assigned misses as one grouped call on the host over the store's stacked layer buffer
+  (concurrently with the device work when the device is a GPU).
+
+Every expert sees exactly the token rows the resident executor gives it (a stable sort by slot
+keeps each expert's pairs in pair order) and the same grouped kernel and combine
 (``oled_hf.modeling.experts``), so on one device the result is bit-identical to residency.
 """
 
@@ -11,10 +21,62 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from ..modeling.experts import combine_expert_outputs, group_tokens_by_expert, swiglu_expert
+from ..modeling.experts import combine_pairs, grouped_supported, grouped_swiglu, sort_pairs, swiglu_expert
+from .planner import LayerPlan
+
+
+@dataclass
+class Wave:
+    """Experts computed by one grouped call, each from its own slot (no slot twice)."""
+
+    experts: np.ndarray
+    slots: np.ndarray
+    copies: bool  # the wave's experts are copied in first
+
+
+def plan_waves(plan: LayerPlan) -> list[Wave]:
+    """Hits first, then the copies in plan order, a new wave whenever a copy reuses a slot of the current one."""
+    waves = []
+    if plan.hits:
+        hits = np.asarray(plan.hits, dtype=np.int64)
+        waves.append(Wave(hits, np.fromiter(map(plan.slot_of.__getitem__, plan.hits), np.int64, len(hits)), False))
+    if plan.copies:
+        experts = np.fromiter((c[0] for c in plan.copies), np.int64, len(plan.copies))
+        slots = np.fromiter((c[1] for c in plan.copies), np.int64, len(plan.copies))
+        if np.unique(slots).size == slots.size:  # the usual case: every copy has its own slot
+            waves.append(Wave(experts, slots, True))
+        else:  # the request exceeds the layer's capacity: slots are reused within this access
+            start, seen = 0, set()
+            for j, s in enumerate(slots.tolist()):
+                if s in seen:
+                    waves.append(Wave(experts[start:j], slots[start:j], True))
+                    start, seen = j, set()
+                seen.add(s)
+            waves.append(Wave(experts[start:], slots[start:], True))
+    return waves
+
+
+def pack_routing(topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+    """Ids and fp32 gate weights as one int32 ``[T, 2k]`` tensor (weights bit-cast): one transfer."""
+    return torch.cat([topk_ids.to(torch.int32), topk_weights.float().view(torch.int32)], dim=-1)
+
+
+def unpack_routing(packed: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    return packed[:, :k], np.ascontiguousarray(packed[:, k:]).view(np.float32)
+
+
+def routing_to_host(topk_ids: torch.Tensor, topk_weights: torch.Tensor, need_weights: bool):
+    """The routing as NumPy: a view on the CPU, else one device-to-host transfer (weights only if needed)."""
+    if topk_ids.is_cpu:
+        return topk_ids.numpy(), topk_weights.detach().numpy() if need_weights else None
+    if not need_weights:
+        return topk_ids.cpu().numpy(), None
+    return unpack_routing(pack_routing(topk_ids, topk_weights).cpu().numpy(), topk_ids.shape[-1])
 
 
 class OffloadedExpertsExecutor:
@@ -26,35 +88,36 @@ class OffloadedExpertsExecutor:
         rt, layer = self.runtime, self.moe_index
         clock = time.perf_counter
         t0 = clock()
-        plan = rt.controller.plan(layer, topk_ids, topk_weights)
+        host_ids, host_w = routing_to_host(topk_ids, topk_weights, rt.controller.policy.uses_weights)
+        plan = rt.controller.plan(layer, host_ids, host_w)
+        waves = plan_waves(plan)
         rt.timing["policy"][layer] += clock() - t0
-        groups = group_tokens_by_expert(topk_ids)  # the same grouping the resident executor does
-        row_of = {e: i for i, e in enumerate(groups.experts)}
-        sorted_x = hidden_states[groups.token_index]
-        outputs = torch.empty_like(sorted_x)
+        device, k = hidden_states.device, topk_ids.shape[-1]
+        grouped = grouped_supported(device.type, hidden_states.dtype)
+        flat = topk_ids.reshape(-1)
+        per_pair = hidden_states.new_empty(flat.numel(), hidden_states.shape[-1])
 
-        cpu_job = None
+        cpu_job = cpu_pairs = None
         if plan.cpu:
+            cpu_experts = sorted(plan.cpu)
+            cpu_pairs, host_x, cpu_offs = self._cpu_inputs(cpu_experts, plan.counts, host_ids.reshape(-1),
+                                                           hidden_states, k)
             if rt.overlap_cpu:  # the CPU works while the device computes hits and copies
-                rows = [groups.rows(row_of[e]) for e in plan.cpu]
-                cpu_index = torch.cat([torch.arange(r.start, r.stop) for r in rows]).to(sorted_x.device)
-                host_x = sorted_x[cpu_index].to("cpu").split([r.stop - r.start for r in rows])  # one transfer
-                cpu_job = rt.cpu_pool().submit(self._cpu_experts, plan.cpu, host_x)
+                cpu_job = rt.cpu_pool().submit(self._cpu_experts, cpu_experts, host_x, cpu_offs)
             else:
-                t = clock()
-                for e in plan.cpu:
-                    r = groups.rows(row_of[e])
-                    outputs[r] = swiglu_expert(sorted_x[r], *rt.store.weights(layer, e))
-                rt.timing["cpu"][layer] += clock() - t
+                per_pair[cpu_pairs] = self._cpu_experts(cpu_experts, host_x, cpu_offs).to(device)
 
         t, copying = clock(), 0.0
-        for e in plan.hits:
-            self._device_expert(e, plan.slot_of[e], sorted_x, outputs, groups.rows(row_of[e]))
-        for e, slot, _evicted in plan.copies:
-            tc = clock()
-            rt.cache.load(slot, layer, e)
-            copying += clock() - tc
-            self._device_expert(e, slot, sorted_x, outputs, groups.rows(row_of[e]))
+        for wave in waves:
+            if wave.copies:
+                tc = clock()
+                for e, slot in zip(wave.experts.tolist(), wave.slots.tolist()):
+                    rt.cache.load(slot, layer, e)
+                copying += clock() - tc
+            if grouped:
+                self._device_wave(wave, flat, plan.counts, hidden_states, per_pair, k)
+            else:
+                self._device_loop(wave, host_ids.reshape(-1), hidden_states, per_pair, k)
         if rt.profile and rt.cache.cuda:
             torch.cuda.synchronize(rt.cache.device)
         rt.timing["copy"][layer] += copying
@@ -62,19 +125,58 @@ class OffloadedExpertsExecutor:
 
         if cpu_job is not None:
             t = clock()
-            outputs[cpu_index] = torch.cat(cpu_job.result()).to(outputs.device)  # one transfer back
+            per_pair[cpu_pairs] = cpu_job.result().to(device)  # one transfer back
             rt.timing["cpu_wait"][layer] += clock() - t
-        return combine_expert_outputs(groups, outputs, topk_weights, hidden_states.dtype)
+        return combine_pairs(per_pair, topk_weights, hidden_states.dtype)
 
-    def _device_expert(self, expert, slot, sorted_x, outputs, rows) -> None:
+    def _device_wave(self, wave: Wave, flat, counts: np.ndarray, hidden_states, per_pair, k: int) -> None:
+        """One grouped SwiGLU over the slot range the wave touches; groups keyed by slot."""
         cache = self.runtime.cache
-        outputs[rows] = swiglu_expert(sorted_x[rows], *cache.weights(slot))
-        cache.mark_used(slot)
+        lo, hi = int(wave.slots.min()), int(wave.slots.max()) + 1
+        key_of = np.full(self.runtime.num_experts, hi - lo, dtype=np.int64)  # hi - lo: not in this wave
+        key_of[wave.experts] = wave.slots - lo
+        keys = torch.from_numpy(key_of).to(flat.device, non_blocking=True)[flat]
+        pairs = sort_pairs(keys, hi - lo, k)
+        n = int(np.add.reduce(counts[wave.experts]))  # rows of this wave (sorted first)
+        rows = pairs.order[:n]
+        gate_up, down = cache.layer_views(lo, hi)
+        cache.wait_ready(wave.slots.tolist())
+        per_pair[rows] = grouped_swiglu(hidden_states[pairs.token_index[:n]], gate_up, down, pairs.offs)
+        cache.mark_used_many(wave.slots.tolist())
 
-    def _cpu_experts(self, experts: list[int], host_x: list[torch.Tensor]) -> list[torch.Tensor]:
+    def _device_loop(self, wave: Wave, host_flat: np.ndarray, hidden_states, per_pair, k: int) -> None:
+        """Fallback where the device has no grouped GEMM for this dtype: the per-expert loop."""
+        cache = self.runtime.cache
+        for e, slot in zip(wave.experts.tolist(), wave.slots.tolist()):
+            rows = torch.from_numpy(np.flatnonzero(host_flat == e)).to(hidden_states.device)
+            per_pair[rows] = swiglu_expert(hidden_states[rows // k], *cache.weights(slot))
+            cache.mark_used(slot)
+
+    def _cpu_inputs(self, experts: list[int], counts: np.ndarray, host_flat: np.ndarray, hidden_states, k: int):
+        """The CPU experts' pairs (device index, expert-sorted), their rows on the host (one transfer), offs."""
+        on_cpu = np.zeros(self.runtime.num_experts, dtype=bool)
+        on_cpu[experts] = True
+        pairs = np.flatnonzero(on_cpu[host_flat])
+        pairs = pairs[np.argsort(host_flat[pairs], kind="stable")]
+        offs = np.cumsum(counts[experts])
+        index = torch.from_numpy(pairs).to(hidden_states.device)
+        return index, hidden_states[index // k].to("cpu"), offs
+
+    def _cpu_experts(self, experts: list[int], host_x: torch.Tensor, offs: np.ndarray) -> torch.Tensor:
+        """All CPU-assigned experts of the layer: one grouped call over the store's layer buffer."""
         rt = self.runtime
         start = time.perf_counter()
-        out = [swiglu_expert(x, *rt.store.weights(self.moe_index, e)) for e, x in zip(experts, host_x)]
+        views = rt.store.grouped_views(self.moe_index)
+        if views is not None and grouped_supported("cpu", host_x.dtype):
+            counts = np.zeros(rt.num_experts, dtype=np.int64)
+            counts[experts] = np.diff(offs, prepend=0)
+            group_offs = torch.from_numpy(np.cumsum(counts).astype(np.int32))
+            out = grouped_swiglu(host_x, views[0], views[1], group_offs)
+        else:  # mmap store (separate per-expert views) or no grouped GEMM: the reference loop
+            out = torch.empty_like(host_x)
+            bounds = np.concatenate(([0], offs)).tolist()
+            for e, a, b in zip(experts, bounds[:-1], bounds[1:]):
+                out[a:b] = swiglu_expert(host_x[a:b], *rt.store.weights(self.moe_index, e))
         rt.timing["cpu"][self.moe_index] += time.perf_counter() - start
         return out
 

@@ -182,7 +182,12 @@ class CacheState:
         policy: CachePolicy,
         plan_slots: dict[int, int],
     ) -> list[tuple[int, int, int | None]]:
-        """Assign slots to the copies (ascending priority) and evict as the module rules say."""
+        """Assign slots to the copies (ascending priority) and evict as the module rules say.
+
+        Without streaming (the request fits the layer) this is list and dict operations over all
+        copies at once; only a request larger than the capacity takes the per-copy loop, which
+        keeps a heap of the access's computed experts to stream through their slots.
+        """
         prio = policy.priority_array(layer)
         order = copies_e[np.argsort(prio[copies_e], kind="stable")].tolist()  # ids ascending: ties by id
         free = self._free[layer]
@@ -192,10 +197,22 @@ class CacheState:
             cand = (self._resident[layer] & (counts == 0)).nonzero()[0]
             victims = cand[np.argsort(prio[cand], kind="stable")][:need].tolist()
         slot_of_layer = self._slot_of[layer]
+        if need <= len(victims):  # the usual case: free slots, then victims; no slot reused
+            nf = len(order) - max(need, 0)
+            slots = free[len(free) - nf:][::-1]  # the loop's free.pop() order
+            del free[len(free) - nf:]
+            evicted_all = victims[:max(need, 0)]
+            slots += map(slot_of_layer.pop, evicted_all)
+            pairs = dict(zip(order, slots))
+            slot_of_layer.update(pairs)
+            plan_slots.update(pairs)
+            copies = list(zip(order, slots, [None] * nf + evicted_all))
+            self._apply_copies(layer, order, copies, evicted_all, streamed=False)
+            return copies
         computed: list[tuple[float, int]] | None = None
         pl: list[float] = []
-        copies: list[tuple[int, int, int | None]] = []
-        evicted_all: list[int] = []
+        copies = []
+        evicted_all = []
         vi = 0
         for e in order:
             evicted: int | None = None

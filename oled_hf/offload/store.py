@@ -135,6 +135,13 @@ class ExpertStore:
             return self.views[layer][expert]
         return split_expert(self.buffers[layer][expert], self.hidden, self.inter)
 
+    def grouped_views(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The layer's experts as grouped-GEMM weights ``gate_up [E, 2I, H]``, ``down [E, H, I]`` (pinned only)."""
+        if self.mode != "pinned":
+            return None
+        buf, h, i = self.buffers[layer], self.hidden, self.inter
+        return buf[:, : 2 * i * h].view(self.num_experts, 2 * i, h), buf[:, 2 * i * h :].view(self.num_experts, h, i)
+
     def flat(self, layer: int, expert: int) -> torch.Tensor | None:
         """The expert as one contiguous row (pinned layout only)."""
         return self.buffers[layer][expert] if self.mode == "pinned" else None

@@ -21,8 +21,11 @@ def test_gpu_check_reduced_on_cpu(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0, out
     rows = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert [r["config"] for r in rows][:3] == ["full residency", "oled @ 4 slots, cpu auto", "lru @ 4 slots, cpu auto"]
-    assert all(r["token_agreement"] == 1.0 for r in rows)  # one device: bit-identical
+    assert [r["config"] for r in rows][:4] == ["full residency", "full residency, expert loop",
+                                               "oled @ 4 slots, cpu auto", "lru @ 4 slots, cpu auto"]
+    assert all(r["token_agreement"] == 1.0 for r in rows)  # one device: bit-identical, loop included
+    assert all(r["host_us_per_layer"] > 0 for r in rows[2:])
+    assert "resident grouped vs loop TPOT" in out
     assert "exact tokens with CPU compute off: yes" in out
 
 
