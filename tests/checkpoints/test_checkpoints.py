@@ -54,13 +54,37 @@ def test_save_then_load_round_trip(tiny_model, tmp_path):
         torch.testing.assert_close(again(_ids()).logits, tiny_model(_ids()).logits, rtol=0, atol=0)
 
 
-def test_bf16_keeps_expert_bias_fp32(tiny_path):
-    model = OledLLaDA2ForDiffusionLM.from_pretrained(tiny_path, dtype=torch.bfloat16)
-    gate = model.moe_blocks()[0].gate
-    assert gate.expert_bias.dtype == torch.float32
-    assert gate.weight.dtype == torch.bfloat16 and model.lm_head.weight.dtype == torch.bfloat16
+def _stored_tensor(path, name):
+    shard = json.loads((path / "model.safetensors.index.json").read_text())["weight_map"][name]
+    with safe_open(path / shard, "pt") as f:
+        return f.get_tensor(name)
+
+
+def test_bf16_expert_bias_follows_official_loader_or_stays_fp32(tiny_path):
+    """Official Transformers loading casts every floating tensor to ``dtype``, the expert bias too; the
+    router then adds that bf16 bias to fp32 scores. ``router_bias_fp32=True`` keeps dInfer's fp32 bias."""
+    from oled_hf.modeling.modeling_oled_llada2 import route_tokens
+
+    name = "model.layers.1.mlp.gate.expert_bias"
+    stored = _stored_tensor(tiny_path, name)
+    assert stored.dtype == torch.float32
+    official = OledLLaDA2ForDiffusionLM.from_pretrained(tiny_path, dtype=torch.bfloat16)
+    kept = OledLLaDA2ForDiffusionLM.from_pretrained(tiny_path, dtype=torch.bfloat16, router_bias_fp32=True)
+    gate_official, gate_kept = official.moe_blocks()[0].gate, kept.moe_blocks()[0].gate
+    assert gate_official.expert_bias.dtype == torch.bfloat16
+    assert torch.equal(gate_official.expert_bias, stored.to(torch.bfloat16))
+    assert gate_kept.expert_bias.dtype == torch.float32 and torch.equal(gate_kept.expert_bias, stored)
+    assert gate_kept.weight.dtype == torch.bfloat16 and kept.lm_head.weight.dtype == torch.bfloat16
+    x = torch.randn(4096, official.config.hidden_size, generator=torch.Generator().manual_seed(0)).bfloat16()
+    weight = gate_official.weight
+    _, ids_official, _ = gate_official(x)
+    _, ids_kept, _ = gate_kept(x)
+    # The fixture: the router rules with the bias rounded to bf16, respectively kept in fp32.
+    assert torch.equal(ids_official, route_tokens(x, weight, stored.to(torch.bfloat16).float(), official.config)[1])
+    assert torch.equal(ids_kept, route_tokens(x, weight, stored, kept.config)[1])
+    assert not torch.equal(ids_official, ids_kept)  # the rounding flips near-tied selections
     with torch.no_grad():
-        assert torch.isfinite(model(_ids()).logits).all()
+        assert torch.isfinite(official(_ids()).logits).all()
 
 
 def _official_folder(tiny_path, folder):

@@ -185,7 +185,9 @@ class _BlockDecoder:
                 break
             blocks += active
             self._notify("on_block_start", block, c.tokens[:, cols].clone())
-            schedule = transfer_schedule(self._masked(cols).sum(-1), steps)
+            # Sized by block_length, not by the block's masked count (the official rule, §5.1 setup 4):
+            # it differs in a first block that holds the prompt's tail when steps < block_length.
+            schedule = transfer_schedule(torch.full((rows,), b_len, dtype=torch.long), steps)
             iteration = 0
             while (masked := self._masked(cols)).any():
                 logits = self._forward("denoise", block, iteration, cols, b_len)
