@@ -91,3 +91,16 @@ def commit_dinfer(confidence: torch.Tensor, threshold: float) -> torch.Tensor:
     best = confidence.max(dim=-1, keepdim=True).values
     cut = torch.clamp(best - 1e-5, max=threshold)
     return (confidence >= cut) & masked
+
+
+def edit_positions(ids: torch.Tensor, prob: torch.Tensor, tokens: torch.Tensor, editable: torch.Tensor,
+                   editing_threshold: float) -> torch.Tensor:
+    """LLaDA2.1 token editing: bool [rows, B] of decoded tokens to replace by this iteration's candidate.
+
+    ``editable`` marks tokens decoded before this iteration that are not prompt (and belong to a row
+    still decoding the block). A token is replaced when the candidate differs from it and the
+    candidate's probability is strictly above ``editing_threshold``: the rule of the diffusers
+    ``BlockRefinementScheduler`` / dllm LLaDA2.1 sampler reimplementations (shared/docs/llada2.md
+    §5.5). Candidates never are the mask token (``choose_tokens``), so an edit never re-masks.
+    """
+    return editable & (ids != tokens) & (prob > editing_threshold)
