@@ -21,6 +21,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--block-length", type=int, default=None)
     r.add_argument("--max-new-tokens", type=int, default=None)
     r.add_argument("--threshold", type=float, default=None)
+    r.add_argument("--decoding", choices=["quality", "speed"], default=None, help="LLaDA2.1 decoding preset")
+    r.add_argument("--editing-threshold", type=float, default=None, help="LLaDA2.1 token editing (default: off)")
+    r.add_argument("--max-post-steps", type=int, default=None, help="editing iterations after a block's masks")
     r.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
     r.add_argument("--raw", action="store_true", help="do not wrap prompts in the chat template")
     r.add_argument("--batch-size", type=int, default=1, help="prompts per generate call (left-padded batch)")
@@ -87,7 +90,9 @@ def record(args: argparse.Namespace) -> int:
     model = AutoModelForCausalLM.from_pretrained(args.model, device_map=args.device).eval()
     tok = AutoTokenizer.from_pretrained(args.model)
     gen = {k: v for k, v in dict(block_length=args.block_length, max_new_tokens=args.max_new_tokens,
-                                  threshold=args.threshold).items() if v is not None}
+                                  threshold=args.threshold, decoding=args.decoding,
+                                  editing_threshold=args.editing_threshold,
+                                  max_post_steps=args.max_post_steps).items() if v is not None}
     recorder = TraceRecorder(model, decoding=gen)
     recorder.writer.header["block_length"] = gen.get("block_length", recorder.writer.header["block_length"])
     recorder.writer.header["batch_size"] = args.batch_size
@@ -109,7 +114,7 @@ def record(args: argparse.Namespace) -> int:
     path = recorder.save(args.out)
     trace = recorder.writer.trace()
     print(f"recorded {len(prompts)} prompts, {trace.num_forwards} forwards, {trace.routing_entries} expert "
-          f"accesses, {new_tokens} new tokens -> {path}")
+          f"accesses, {new_tokens} new tokens, {trace.edits()} edits -> {path}")
     return 0
 
 

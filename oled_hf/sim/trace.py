@@ -2,7 +2,7 @@
 
 A trace is a header plus an ordered timeline of four kinds of item, exactly as the live run saw
 them: forwards (per MoE layer ``topk_ids`` [T, k] and ``topk_weights``), iteration events (the
-decoder's masked / confidence / committed / token ids), block starts and block ends. Replay walks
+decoder's masked / confidence / committed / token ids / edited), block starts and block ends. Replay walks
 the same timeline, so policies hear routing and events in the live order (a forward's routing
 first, then its event).
 
@@ -104,8 +104,9 @@ class Trace:
         def t(name: str) -> torch.Tensor:
             return torch.from_numpy(np.ascontiguousarray(a[name][e0:e1])).reshape(b, -1)
 
+        edited = t("ev_edited") if "ev_edited" in a else None  # absent in traces written before editing
         return IterationEvent(int(a["ev_block"][i]), int(a["ev_iter"][i]), t("ev_masked"),
-                              t("ev_confidence"), t("ev_committed"), t("ev_token_ids").long())
+                              t("ev_confidence"), t("ev_committed"), t("ev_token_ids").long(), edited)
 
     def marker(self, i: int) -> tuple[int, torch.Tensor]:
         a = self.arrays
@@ -129,6 +130,10 @@ class Trace:
     def output_tokens(self) -> int:
         """Tokens committed by the recorded iteration events."""
         return int(self.arrays["ev_committed"].sum())
+
+    def edits(self) -> int:
+        """Decoded tokens replaced by LLaDA2.1 editing in the recorded iteration events."""
+        return int(self.arrays["ev_edited"].sum()) if "ev_edited" in self.arrays else 0
 
     def save(self, path: str) -> None:
         data: dict[str, Any] = {"format": FORMAT, "version": self.version, "header": self.header}
@@ -253,8 +258,9 @@ class TraceWriter(IterationObserver):
         masked = _np(event.masked)
         self._ops.append((OP_EVENT, len(self._ev)))
         self._ev.append((int(event.block_index), int(event.iteration), int(masked.shape[0]) if masked.ndim > 1 else 1))
+        edited = event.edited if getattr(event, "edited", None) is not None else np.zeros(masked.shape, bool)
         self._ev_data.append(tuple(_np(x).reshape(-1) for x in (event.masked, event.confidence, event.committed,
-                                                                 event.token_ids)))
+                                                                 event.token_ids, edited)))
 
     # ------------------------------------------------------------------ output
     def trace(self) -> Trace:
@@ -284,6 +290,7 @@ class TraceWriter(IterationObserver):
             "ev_confidence": cat([d[1] for d in self._ev_data], np.float32),
             "ev_committed": cat([d[2] for d in self._ev_data], bool),
             "ev_token_ids": cat([d[3] for d in self._ev_data], np.int32),
+            "ev_edited": cat([d[4] for d in self._ev_data], bool),  # LLaDA2.1 edits (added within version 1)
             "mk_block": np.asarray([m[0] for m in self._mk], dtype=np.int32),
             "mk_batch": np.asarray([m[1] for m in self._mk], dtype=np.int32),
             "mk_offsets": np.concatenate(([0], np.cumsum(mk_len))).astype(np.int64),

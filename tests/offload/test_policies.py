@@ -7,7 +7,7 @@ from oled_hf.modeling.events import IterationEvent, IterationObserver
 
 from oled_hf.offload.config import OffloadConfig
 from oled_hf.offload.policies import available_policies, make_policy
-from oled_hf.offload.policies.oled import COMMITTED, CONFIDENT, DECODED, FRESH, UNSURE
+from oled_hf.offload.policies.oled import COMMITTED, CONFIDENT, DECODED, EDITED, FRESH, UNSURE
 from oled_hf.sim.replay import replay
 from oled_hf.sim.synthetic import synthetic_trace
 
@@ -116,6 +116,27 @@ def test_oled_calibrates_stability_from_persistence():
         p.observe_access(0, routes, None, it + 1)
     assert p.stability(0)[CONFIDENT] < 0.5 < p.prior[CONFIDENT]
     assert p.stability(0)[FRESH] == pytest.approx(p.prior[FRESH], abs=0.1)
+
+
+def test_oled_edited_tokens_are_unsettled_and_calibrated_apart():
+    """LLaDA2.1 edits: an edited row gets its own class (prior below decoded), whose persistence is
+    measured separately; here decoded rows keep their routes and edited rows do not."""
+    p = make_policy("oled", 1, 64)
+    cls = p.classify(np.array([0, 0, 1]), np.array([1.0, 1.0, 0.5]), np.array([0, 0, 0]), np.array([0, 1, 0]))
+    assert cls.tolist() == [DECODED, EDITED, UNSURE + 2]
+    assert p.prior[EDITED] < p.prior[DECODED]
+    p.on_block_start(0, torch.zeros(1, 8))
+    rng = np.random.default_rng(0)
+    kept = rng.permutation(64)[:8].reshape(4, 2)
+    for it in range(40):
+        ev = event([False] * 8, [1.0] * 8, [False] * 8, it=it)
+        ev.edited = torch.tensor([[False] * 4 + [True] * 4])
+        p.on_iteration(ev)
+        moving = np.stack([rng.permutation(64)[:2] for _ in range(4)])
+        p.observe_access(0, np.concatenate([kept, moving]), None, it + 1)
+    s = p.stability(0)
+    assert s[DECODED] > 0.95 and s[EDITED] < 0.3 < p.prior[EDITED]
+    assert p.priority_array(0)[kept].min() > np.sort(p.priority_array(0))[-9]  # settled experts rank top
 
 
 @pytest.mark.parametrize("cpu", ["off", "auto"])

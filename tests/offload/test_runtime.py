@@ -138,3 +138,18 @@ def test_concurrent_cpu_path_is_lossless(tiny_path, prompt, reference):
     out = model.generate(**prompt, max_new_tokens=24, block_length=8, threshold=0.9)
     assert torch.equal(out, reference)
     assert model.offload_stats()["total"]["cpu_expert_tokens"] > 0
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_editing_is_lossless_for_every_policy(tiny_path, tiny_model, prompt, policy):
+    """LLaDA2.1 editing (threshold 0: edits wherever the argmax moves) changes tokens the policies saw
+    as settled; offloading must still give the resident tokens."""
+    kw = dict(max_new_tokens=24, block_length=8, threshold=0.9, editing_threshold=0.0, max_post_steps=3,
+              return_dict_in_generate=True)
+    want = tiny_model.generate(**prompt, **kw)
+    assert int(want.edits[0]) > 0
+    for cache_size in (1, 13):
+        model = _offloaded(tiny_path, cache_size=cache_size, policy=policy, cpu_compute="auto")
+        out = model.generate(**prompt, **kw)
+        assert torch.equal(out.sequences, want.sequences), (policy, cache_size)
+        assert torch.equal(out.edits_per_block, want.edits_per_block)

@@ -90,3 +90,21 @@ def test_replay_cli_times_as_mini(tiny_path, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "6.00 MiB experts" in out and "grouped GPU kernel" in out and "planner 20 us/access" in out
     assert "prefetch" in out and "full (fused MoE)" in out and "full (per-expert loop)" in out
+
+
+def test_editing_trace_records_edits_and_replays_to_live_counts(tiny_path, tiny_tokenizer, tmp_path):
+    path = tmp_path / "edit.trace"
+    config = OffloadConfig(cache_size=6, policy="oled", cpu_compute="auto", record_trace=str(path))
+    model = OledLLaDA2ForDiffusionLM.from_pretrained(tiny_path, offload_config=config).eval()
+    ids = tiny_tokenizer.apply_chat_template([{"role": "user", "content": "tell me about the sea"}],
+                                             add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    out = model.generate(**ids, max_new_tokens=24, block_length=8, editing_threshold=0.0, max_post_steps=3,
+                         return_dict_in_generate=True)
+    live = model.offload_stats()["total"]
+    trace = load_trace(str(path))
+    assert trace.edits() == int(out.edits[0]) > 0
+    edited = [trace.event(i).edited for i in range(trace.num_events)]
+    assert sum(int(e.sum()) for e in edited) == trace.edits()
+    result = replay(trace, "oled", 6, cpu_compute="auto", cost_model=model._offload_runtime.cost_model)
+    assert (result.hits, result.misses, result.evictions) == (live["hits"], live["misses"], live["evictions"])
+    assert result.bytes_copied == live["bytes_copied"] and result.cpu_expert_tokens == live["cpu_expert_tokens"]

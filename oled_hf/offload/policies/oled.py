@@ -11,11 +11,14 @@ The rule, per MoE layer access (rows = batch*B block positions, row r = batch r/
 
 1. Each row gets a stability class from the latest iteration event: decoded earlier, committed in
    the last iteration, masked & confident (p >= threshold), masked & unsure (4 confidence bins),
-   fresh (a new block's first iteration: no confidence yet), or stable (prefill / KV-refresh /
-   prompt rows, whose count differs from the block's, and everything before the first event).
+   fresh (a new block's first iteration: no confidence yet), edited (LLaDA2.1 editing replaced the
+   token in the last iteration: its input embedding changes, so its routes move), or stable
+   (prefill / KV-refresh / prompt rows, whose count differs from the block's, and everything
+   before the first event).
 2. A class's stability s is the probability that a route of such a row survives into the next
    iteration. Priors follow the method (settled = 1, confident ~ 0.95, unsure ~ its confidence with
-   a floor > 0, fresh = 0.3) and are *calibrated online per layer* by measuring route persistence
+   a floor > 0, fresh = 0.3, edited = 0.5) and are *calibrated online per layer* (each class on its
+   own, so edited tokens' persistence is measured apart from decoded ones) by measuring route persistence
    between consecutive forwards of the same block (a Beta-style blend with the prior as 64 pseudo
    rows). Real models need this: e.g. a confident masked token is committed next iteration and its
    input embedding changes from [MASK] to the token, which can move its early-layer routes.
@@ -43,9 +46,9 @@ import numpy as np
 
 from .base import MAX_REUSE, CachePolicy, as_numpy, register
 
-STABLE, DECODED, COMMITTED, CONFIDENT, UNSURE, FRESH = 0, 1, 2, 3, 4, 8  # UNSURE..UNSURE+3 = bins
+STABLE, DECODED, COMMITTED, CONFIDENT, UNSURE, FRESH, EDITED = 0, 1, 2, 3, 4, 8, 9  # UNSURE..UNSURE+3 = bins
 N_BINS = 4
-N_CLASSES = 9
+N_CLASSES = 10
 
 
 @register
@@ -85,7 +88,7 @@ class OledPolicy(CachePolicy):
         self.freq_decay = float(freq_decay)
         centres = self.threshold * (np.arange(N_BINS) + 0.5) / N_BINS
         prior = np.empty(N_CLASSES)
-        prior[[STABLE, DECODED, COMMITTED, CONFIDENT, FRESH]] = [1.0, 1.0, 1.0, 0.95, 0.3]
+        prior[[STABLE, DECODED, COMMITTED, CONFIDENT, FRESH, EDITED]] = [1.0, 1.0, 1.0, 0.95, 0.3, 0.5]
         prior[UNSURE:UNSURE + N_BINS] = np.maximum(centres, self.min_stability)
         self.prior = prior
         # calibration per layer: [0] decayed sum of surviving-route fractions, [1] decayed count of measured
@@ -130,10 +133,12 @@ class OledPolicy(CachePolicy):
         self._prev = [None] * self.num_layers
 
     def on_iteration(self, event: Any) -> None:
+        edited = getattr(event, "edited", None)
         self._set_classes(self.classify(
             as_numpy(event.masked).reshape(-1),
             as_numpy(event.confidence).reshape(-1),
             as_numpy(event.committed).reshape(-1),
+            None if edited is None else as_numpy(edited).reshape(-1),
         ))
 
     def _set_classes(self, cls: np.ndarray | None) -> None:
@@ -145,7 +150,8 @@ class OledPolicy(CachePolicy):
         self._set_classes(None)
         self._prev = [None] * self.num_layers
 
-    def classify(self, masked: np.ndarray, confidence: np.ndarray, committed: np.ndarray) -> np.ndarray:
+    def classify(self, masked: np.ndarray, confidence: np.ndarray, committed: np.ndarray,
+                 edited: np.ndarray | None = None) -> np.ndarray:
         """Stability class per row from one event (see module docstring, step 1)."""
         masked = np.asarray(masked, dtype=bool)
         committed = np.asarray(committed, dtype=bool)
@@ -155,8 +161,11 @@ class OledPolicy(CachePolicy):
         np.maximum(unsure, 0, out=unsure)
         unsure += UNSURE
         cls = np.where(conf >= self.threshold, CONFIDENT, unsure)
-        cls = np.where(masked, cls, DECODED)  # committed rows are overridden below
-        return np.where(committed, COMMITTED, cls).astype(np.intp, copy=False)
+        cls = np.where(masked, cls, DECODED)  # committed and edited rows are overridden below
+        cls = np.where(committed, COMMITTED, cls)
+        if edited is not None:
+            cls = np.where(np.asarray(edited, dtype=bool), EDITED, cls)
+        return cls.astype(np.intp, copy=False)
 
     def stability(self, layer: int) -> np.ndarray:
         """Calibrated stability per class for one layer, in [min_stability, 1]."""
