@@ -14,6 +14,7 @@ import torch
 from transformers import GenerationConfig
 
 from ..modeling import OledLLaDA2Config, OledLLaDA2ForDiffusionLM
+from .families import decoding_defaults
 from .presets import SHARD_SIZE, preset_config_kwargs
 from .tokenizer import build_tokenizer, special_token_ids
 
@@ -64,16 +65,17 @@ def make_checkpoint(
     preset: str = "tiny",
     seed: int = 0,
     dtype: str = "float32",
+    family: str = "llada2.0",
     **overrides,
 ) -> Path:
-    """Write a checkpoint folder and return its path."""
+    """Write a checkpoint folder and return its path; ``family="llada2.1"`` writes 2.1 decoding defaults."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     config = make_config(preset, **overrides)
     torch_dtype = getattr(torch, dtype)
     model = random_model(config, seed=seed, dtype=torch_dtype)
     model.config.dtype = torch_dtype
-    model.generation_config = generation_config_for(config)
+    model.generation_config = generation_config_for(config, **decoding_defaults(family))
     model.save_pretrained(out, max_shard_size=SHARD_SIZE.get(preset, "100MB"))
     build_tokenizer(out, config.vocab_size, seed=seed)
     return out

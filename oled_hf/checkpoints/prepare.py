@@ -1,7 +1,8 @@
 """``oled-moe prepare SRC OUT``: make an official LLaDA2 checkpoint load as our classes.
 
 OUT gets a ``config.json`` naming our classes (every official field kept), the model's code files,
-a ``generation_config.json`` with block-diffusion defaults, and *symlinks* to SRC's weight shards
+a ``generation_config.json`` with block-diffusion defaults (LLaDA2.1 folders, recognised by name
+or given ``family="llada2.1"``, get the 2.1 editing preset), and *symlinks* to SRC's weight shards
 and tokenizer files: a 16B checkpoint is never copied.
 """
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from ..modeling.auto_map import AUTO_MAP, CODE_VERSION, write_model_code
 from ..modeling.configuration_oled_llada2 import OledLLaDA2Config
+from .families import check_family, decoding_defaults, detect_family
 
 LINKED_PATTERNS = ("*.safetensors", "model.safetensors.index.json", "tokenizer*", "special_tokens_map.json",
                    "chat_template.jinja", "vocab*", "merges.txt", "added_tokens.json")
@@ -35,9 +37,11 @@ def _read_source_config(src: Path) -> dict:
     return config
 
 
-def prepare_checkpoint(src: str | os.PathLike, out: str | os.PathLike) -> Path:
+def prepare_checkpoint(src: str | os.PathLike, out: str | os.PathLike, family: str | None = None) -> Path:
+    """``family`` (``llada2.0`` / ``llada2.1``) overrides the one recognised from SRC's name."""
     src, out = Path(src).resolve(), Path(out)
     config = _read_source_config(src)
+    family = detect_family(src, config) if family is None else check_family(family)
     config.pop("auto_map", None)
     # Validates every field and fills ours (mask id, etc.) with LLaDA2's defaults.
     ours = OledLLaDA2Config.from_dict(config)
@@ -56,12 +60,12 @@ def prepare_checkpoint(src: str | os.PathLike, out: str | os.PathLike) -> Path:
                 target.unlink()
             target.symlink_to(file)
             linked.append(file.name)
-    _write_generation_config(src, out, ours)
+    _write_generation_config(src, out, ours, family)
     return out
 
 
-def _write_generation_config(src: Path, out: Path, config: OledLLaDA2Config) -> None:
-    values = dict(GENERATION_DEFAULTS)
+def _write_generation_config(src: Path, out: Path, config: OledLLaDA2Config, family: str) -> None:
+    values = {**GENERATION_DEFAULTS, **decoding_defaults(family)}
     official = src / "generation_config.json"
     if official.is_file():
         values.update({k: v for k, v in json.loads(official.read_text()).items() if k != "transformers_version"})

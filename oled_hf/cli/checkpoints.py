@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..checkpoints.families import FAMILIES
 from ..checkpoints.presets import PRESETS
 
 
@@ -13,6 +14,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    p.add_argument("--family", choices=FAMILIES, default="llada2.0",
+                   help="decoding defaults in generation_config.json: llada2.1 = token editing (quality preset)")
     for field in ("hidden_size", "num_hidden_layers", "num_experts", "num_experts_per_tok", "n_group",
                   "topk_group", "moe_intermediate_size", "intermediate_size", "vocab_size"):
         p.add_argument(f"--{field.replace('_', '-')}", dest=field, type=int, default=None,
@@ -22,6 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("prepare", help="link an official LLaDA2 checkpoint so it loads as oled-hf classes")
     p.add_argument("src", help="official checkpoint folder (model_type llada2_moe)")
     p.add_argument("out", help="output folder (config, model code, symlinks to SRC's weights)")
+    p.add_argument("--family", choices=FAMILIES, default=None,
+                   help="decoding defaults (default: llada2.1 when SRC's name says LLaDA2.1, else llada2.0)")
     p.set_defaults(func=prepare)
 
 
@@ -29,14 +34,15 @@ def make_tiny(args: argparse.Namespace) -> int:
     from ..checkpoints.factory import make_checkpoint
 
     overrides = {k: v for k, v in vars(args).items() if k in PRESETS[args.preset] and v is not None}
-    out = make_checkpoint(args.out, preset=args.preset, seed=args.seed, dtype=args.dtype, **overrides)
-    print(f"wrote {args.preset} checkpoint to {out}")
+    out = make_checkpoint(args.out, preset=args.preset, seed=args.seed, dtype=args.dtype, family=args.family,
+                          **overrides)
+    print(f"wrote {args.preset} checkpoint ({args.family} decoding) to {out}")
     return 0
 
 
 def prepare(args: argparse.Namespace) -> int:
     from ..checkpoints.prepare import prepare_checkpoint
 
-    out = prepare_checkpoint(args.src, args.out)
+    out = prepare_checkpoint(args.src, args.out, family=args.family)
     print(f"prepared {out} (weights and tokenizer linked from {args.src})")
     return 0

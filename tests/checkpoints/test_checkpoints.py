@@ -132,3 +132,31 @@ def test_prepare_rejects_non_llada2(tmp_path):
 
     with pytest.raises(ValueError, match="model_type='llama'"):
         prepare_checkpoint(tmp_path / "src", tmp_path / "out")
+
+
+def test_llada21_family_checkpoints_decode_with_editing(tiny_path, tmp_path):
+    from oled_hf.modeling.params import resolve_params
+
+    from oled_hf.cli.main import main
+
+    assert main(["make-tiny", str(tmp_path / "t21"), "--family", "llada2.1"]) == 0
+    gen = json.loads((tmp_path / "t21" / "generation_config.json").read_text())
+    assert (gen["decoding"], gen["threshold"], gen["editing_threshold"], gen["max_post_steps"]) == (
+        "quality", 0.7, 0.5, 16)
+    assert "decoding" not in json.loads((tiny_path / "generation_config.json").read_text())
+    model = OledLLaDA2ForDiffusionLM.from_pretrained(tmp_path / "t21")
+    params = resolve_params(model.config, model.generation_config, 3, {})
+    assert (params.threshold, params.editing_threshold, params.max_post_steps) == (0.7, 0.5, 16)
+    # prepare: recognised by the folder name, or told
+    src21 = _official_folder(tiny_path, tmp_path / "LLaDA2.1-mini")
+    gen21 = json.loads((prepare_checkpoint(src21, tmp_path / "p21") / "generation_config.json").read_text())
+    assert (gen21["decoding"], gen21["editing_threshold"]) == ("quality", 0.5)
+    src20 = _official_folder(tiny_path, tmp_path / "LLaDA2.0-mini")
+    gen20 = json.loads((prepare_checkpoint(src20, tmp_path / "p20") / "generation_config.json").read_text())
+    assert "decoding" not in gen20 and "editing_threshold" not in gen20
+    told = prepare_checkpoint(src20, tmp_path / "p20b", family="llada2.1")
+    assert json.loads((told / "generation_config.json").read_text())["decoding"] == "quality"
+    import pytest
+
+    with pytest.raises(ValueError, match="family='llada3'"):
+        prepare_checkpoint(src20, tmp_path / "bad", family="llada3")
