@@ -214,7 +214,9 @@ class _BlockDecoder:
         and keeps iterating: an iteration that starts with nothing masked is a post step, and the row's
         block is final after such an iteration edits nothing, or before a post step beyond
         ``max_post_steps``. Rows are independent: a final row is forwarded with the others but never
-        changes again, so it gets the tokens it gets alone. Iterations per block are at most the
+        changes again, so it gets the tokens it gets alone. ``eos_early_stop`` stops a row mid-block only
+        without editing (§5.1); with editing an EOS can still be edited away, so, as in the dllm LLaDA2.1
+        sampler, a row stops at the end of the block that holds its EOS. Iterations per block are at most the
         block's masked count plus ``max_post_steps``: every iteration with masks commits one or more,
         and an edit never re-masks.
         """
@@ -251,7 +253,7 @@ class _BlockDecoder:
             stale = bool(changed.any())
             iterations += open_rows
             edits += edited.sum(-1)
-            if p.eos_early_stop:
+            if p.eos_early_stop and not editing:  # with editing, EOS is checked once the block is final
                 self._early_stop(changed)
             if self.observers:
                 self._notify("on_iteration", IterationEvent(

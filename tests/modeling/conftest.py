@@ -1,5 +1,6 @@
 """Fixture ``official_generate``: the official LLaDA2 decoders re-written from their rules
 (shared/docs/llada2.md §5.1, §5.5).
+
 A test fixture, not a copy of the official code: batch 1, no KV cache, the whole prefix
 recomputed under the block-causal mask every iteration. It keeps our two documented guards (the
 mask token is never chosen, the top-n fallback never picks an unmasked position) and otherwise

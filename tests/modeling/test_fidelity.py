@@ -9,7 +9,7 @@ def _chat(tok, text):
                                    return_tensors="pt", return_dict=True)["input_ids"]
 
 
-@pytest.mark.parametrize("block_length, steps, threshold", [(8, 4, 0.9), (16, 4, 0.5), (16, 16, 0.9)])
+@pytest.mark.parametrize("block_length, steps, threshold", [(8, 4, 0.9), (16, 4, 0.5)])
 def test_tokens_match_official_rules(tiny_model, tiny_tokenizer, official_generate, block_length, steps, threshold):
     cfg = tiny_model.config
     for text in ("hi", "what is the weather"):  # 49 and 53 tokens: the first block holds the prompt's tail
