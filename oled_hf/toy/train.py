@@ -14,6 +14,14 @@ positions weighted by ``1/t``, normalised by the number of answer positions. Eac
 block-causal attention mask of a block length drawn from ``block_lengths``, so decoding with any
 of them sees what training saw (the canvas is a multiple of each).
 
+Token-substitution noise (``--substitution-noise P``, off by default): LLaDA2.1 trains its
+models to edit by corrupting tokens as well as masking them. Here each answer position left
+unmasked is, with probability ``P``, replaced by a random answer token (a digit or EOS), and the
+loss adds the cross-entropy at every unmasked answer position (substituted ones must be corrected,
+kept ones kept), normalised like the masked term. Without it a model's predictions at decoded
+positions are never trained, and editing on them is noise. ``--init CKPT`` starts from a saved
+checkpoint instead of random weights (to add the noise to the shipped toy by fine-tuning).
+
 Expert load balancing is LLaDA2's auxiliary-loss-free scheme: after each optimiser step, per MoE
 layer, ``expert_bias += u * sign(mean_load - load)`` with the load counted over the batch's tokens.
 
@@ -143,26 +151,40 @@ def set_executor(model: OledLLaDA2ForDiffusionLM, executor) -> None:
 
 
 def diffusion_batch(enc: ToyEncoding, batch_size: int, canvas_length: int, generator: torch.Generator,
-                    eps: float = 1e-3):
-    """Clean canvases, noised canvases, the mask of noised positions, t per row, and the prompt length."""
+                    eps: float = 1e-3, substitution: float = 0.0):
+    """Clean canvases, noised canvases, the mask of noised positions, t per row, and the prompt length.
+
+    With ``substitution`` > 0, unmasked answer positions are replaced by a random answer token with
+    that probability (no extra random numbers are drawn at 0, so existing seeds keep their weights).
+    """
     a, b = sample_train_pairs(batch_size, generator)
     clean, p = enc.canvases(a, b, canvas_length)
     t = eps + (1 - eps) * torch.rand(batch_size, generator=generator)
     noised_answer = torch.rand(batch_size, canvas_length - p, generator=generator) < t[:, None]
     noised = clean.clone()
     noised[:, p:][noised_answer] = enc.mask
+    if substitution > 0:
+        vocab = torch.tensor(enc.digits + (enc.eos,))
+        swap = (torch.rand(noised_answer.shape, generator=generator) < substitution) & ~noised_answer
+        random = vocab[torch.randint(len(vocab), noised_answer.shape, generator=generator)]
+        noised[:, p:] = torch.where(swap, random, noised[:, p:])
     return clean, noised, noised_answer, t, p
 
 
-def diffusion_loss(answer_logits: torch.Tensor, clean: torch.Tensor, masked: torch.Tensor, t: torch.Tensor):
+def diffusion_loss(answer_logits: torch.Tensor, clean: torch.Tensor, masked: torch.Tensor, t: torch.Tensor,
+                   unmasked_too: bool = False):
     """Sum over masked answer positions of CE / t, divided by the number of answer positions.
 
     ``answer_logits`` covers the answer slots only (the last ``masked.shape[1]`` canvas positions).
+    ``unmasked_too`` (substitution noise) adds the plain CE at every unmasked answer position.
     """
     targets = clean[:, -masked.shape[1]:]
     ce = F.cross_entropy(answer_logits.reshape(-1, answer_logits.shape[-1]), targets.reshape(-1),
                          reduction="none").view_as(masked)
-    return (ce * masked / t[:, None]).sum() / masked.numel()
+    loss = (ce * masked / t[:, None]).sum() / masked.numel()
+    if unmasked_too:
+        loss = loss + (ce * ~masked).sum() / masked.numel()
+    return loss
 
 
 @torch.no_grad()
@@ -220,6 +242,8 @@ def train_toy(
     eval_every: int = 500,
     save: bool = True,
     model_overrides: dict | None = None,
+    substitution: float = 0.0,
+    init: str | os.PathLike | None = None,
     log=print,
 ) -> dict:
     """Train, evaluate on the held-out split and (``save``) write the checkpoint; returns the report."""
@@ -231,8 +255,14 @@ def train_toy(
     tokenizer = build_toy_tokenizer(out)
     enc = ToyEncoding.from_tokenizer(tokenizer)
     config = toy_config(tokenizer, **(model_overrides or {}))
+    if not 0.0 <= substitution < 1.0:
+        raise ValueError(f"substitution={substitution!r} is invalid: must be in [0, 1)")
     torch.manual_seed(seed)
-    model = OledLLaDA2ForDiffusionLM(config)
+    if init is not None:  # fine-tune a saved toy (same tokenizer, same shapes)
+        model = OledLLaDA2ForDiffusionLM.from_pretrained(init, dtype=torch.float32)
+        config = model.config
+    else:
+        model = OledLLaDA2ForDiffusionLM(config)
     model.train()
     set_executor(model, training_executor())
     generator = torch.Generator().manual_seed(seed)
@@ -249,11 +279,12 @@ def train_toy(
             break
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, steps, lr, warmup)
-        clean, noised, masked, t, p = diffusion_batch(enc, batch_size, canvas_length, generator)
+        clean, noised, masked, t, p = diffusion_batch(enc, batch_size, canvas_length, generator,
+                                                      substitution=substitution)
         block_length = block_lengths[int(torch.randint(len(block_lengths), (1,), generator=generator))]
         out_ = model(input_ids=noised, block_length=block_length, output_router_logits=True,
                      logits_to_keep=canvas_length - p)
-        loss = diffusion_loss(out_.logits, clean, masked, t)
+        loss = diffusion_loss(out_.logits, clean, masked, t, unmasked_too=substitution > 0)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -287,6 +318,8 @@ def train_toy(
         "block_lengths": list(block_lengths),
         "canvas_length": canvas_length,
         "bias_rate": bias_rate,
+        "substitution_noise": substitution,
+        "init": None if init is None else str(init),
         "parameters": sum(p.numel() for p in model.parameters()),
         "final_loss_mean_last_100": sum(losses[-100:]) / max(1, len(losses[-100:])),
         "loss_first_10": sum(losses[:10]) / max(1, len(losses[:10])),
@@ -329,9 +362,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--eval-n", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads; 1 is bitwise reproducible, 2 is not (see the module docstring)")
+    parser.add_argument("--substitution-noise", type=float, default=0.0,
+                        help="LLaDA2.1-style token-substitution noise on unmasked answer tokens (teaches editing)")
+    parser.add_argument("--init", default=None, help="start from this checkpoint (fine-tune) instead of random")
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--warmup", type=int, default=100)
     args = parser.parse_args(argv)
     report = train_toy(args.out, seed=args.seed, steps=args.steps, minutes=args.minutes, eval_n=args.eval_n,
-                       threads=args.threads, log=lambda s: print(s, flush=True))
+                       threads=args.threads, substitution=args.substitution_noise, init=args.init, lr=args.lr,
+                       warmup=args.warmup, log=lambda s: print(s, flush=True))
     report.pop("model")
     print(json.dumps(report, indent=2))
 

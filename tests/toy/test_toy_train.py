@@ -114,3 +114,15 @@ def test_saved_micro_checkpoint_layout(tmp_path):
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     assert isinstance(loaded, OledLLaDA2ForDiffusionLM)
     assert _state_equal(loaded, report["model"])
+
+
+def test_substitution_noise_corrupts_only_unmasked_answers(tokenizer):
+    enc = data.ToyEncoding.from_tokenizer(tokenizer)
+    plain = diffusion_batch(enc, 256, 32, torch.Generator().manual_seed(0))
+    clean, noised, masked, t, p = diffusion_batch(enc, 256, 32, torch.Generator().manual_seed(0), substitution=0.5)
+    assert torch.equal(clean, plain[0]) and torch.equal(masked, plain[2])  # same draws before the noise
+    answer, target = noised[:, p:], clean[:, p:]
+    swapped = (answer != target) & ~masked
+    assert torch.equal(noised[:, :p], clean[:, :p]) and (answer[masked] == enc.mask).all()
+    assert swapped.any() and torch.isin(answer[swapped], torch.tensor(enc.digits + (enc.eos,))).all()
+    assert 0.25 < swapped.sum() / (~masked).sum() < 0.5  # 0.5 swaps, 1/11 of them drawing the same token
