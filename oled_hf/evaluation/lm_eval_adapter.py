@@ -109,6 +109,9 @@ class OledLLaDA2LM(HFLM):
         block_length: int | None = None,
         threshold: float | None = None,
         steps: int | None = None,
+        decoding: str | None = None,
+        editing_threshold: float | None = None,
+        max_post_steps: int | None = None,
         mc_num: int = 32,
         mc_seed: int = 1234,
         mc_attention: str = "block",
@@ -121,7 +124,8 @@ class OledLLaDA2LM(HFLM):
         if rest:
             raise ValueError(
                 f"unknown model argument(s) for {MODEL_NAME}: {', '.join(sorted(rest))}; known: pretrained, tokenizer, "
-                "device, dtype, batch_size, max_length, block_length, threshold, steps, mc_num, mc_seed, "
+                "device, dtype, batch_size, max_length, block_length, threshold, steps, decoding, editing_threshold, "
+                "max_post_steps, mc_num, mc_seed, "
                 "mc_attention, mc_batch_size and the OffloadConfig fields (cache_size, cache_ratio, policy, ...)"
             )
         if isinstance(batch_size, str) and not batch_size.isdigit():
@@ -151,8 +155,9 @@ class OledLLaDA2LM(HFLM):
             hf_logger.setLevel(level)
         self.pretrained = self.pretrained_path
         gen = getattr(model, "generation_config", None)
-        self.decoding = {k: v for k, v in dict(block_length=block_length, threshold=threshold, steps=steps).items()
-                         if v is not None}
+        self.decoding = {k: v for k, v in dict(block_length=block_length, threshold=threshold, steps=steps,
+                                                decoding=decoding, editing_threshold=editing_threshold,
+                                                max_post_steps=max_post_steps).items() if v is not None}
         mc_block = block_length or getattr(gen, "block_length", None) or 32
         self.mc = MCSettings(
             mask_token_id=int(model.config.mask_token_id),
