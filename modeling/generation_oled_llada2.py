@@ -3,7 +3,17 @@
 Semantics follow the official LLaDA2 ``generate`` (shared/docs/llada2.md §5.1) with dInfer's
 prefix KV cache (§5.2): prefill once over the prompt's complete blocks; each iteration forwards
 only the current block against the cached prefix; after a block is final, one refresh forward
-writes its clean KV. The mixin's name contains "GenerationMixin" on purpose: Transformers then
+writes its clean KV (skipped when the last iteration changed nothing, dInfer's rule).
+
+Where each behaviour comes from: the commit rule, its per-step schedule (sized by
+``block_length``) and the EOS cut are the official LLaDA2.0 ``generate`` (§5.1); the cache and the
+``dinfer`` commit rule are dInfer's (§5.2); LLaDA2.1 token editing (``editing_threshold``,
+``max_post_steps``, the ``quality``/``speed`` presets) is the rule the diffusers
+``BlockRefinementScheduler`` and the dllm LLaDA2.1 sampler reimplement (§5.5): the official 2.1
+remote code was not among our sources. Our own additions: the mask token is never chosen, and
+rows of a batch decode (and edit) independently on a shared block grid.
+
+The mixin's name contains "GenerationMixin" on purpose: Transformers then
 treats the model as able to generate (``can_generate``) and does not graft its own mixin on.
 """
 
