@@ -192,3 +192,16 @@ def test_pipeline_passes_decoding(tiny_model, tiny_tokenizer):
 def test_bad_editing_arguments_raise(tiny_model, kwargs, message):
     with pytest.raises(ValueError, match=message):
         tiny_model.generate(torch.tensor([[1, 2, 3]]), **kwargs)
+
+
+def test_eos_early_stop_waits_for_the_final_block_when_editing(tiny_model, tiny_tokenizer, monkeypatch):
+    inputs = _chat(tiny_tokenizer, "hi")
+    prompt, eos = inputs["input_ids"].shape[1], tiny_model.config.eos_token_id
+    monkeypatch.setattr(tiny_model, "forward", _rig(tiny_model, prompt, eos, 200, 0.0))  # EOS, for sure
+    kw = dict(max_new_tokens=16, block_length=8, eos_early_stop=True, threshold=1.0, return_dict_in_generate=True)
+    plain = tiny_model.generate(**inputs, **kw)
+    edit = tiny_model.generate(**inputs, editing_threshold=1.0, **kw)
+    assert plain.sequences[0, prompt:].tolist() == edit.sequences[0, prompt:].tolist() == [eos]
+    assert int(plain.iterations[0]) == 1  # stopped mid-block, right after committing the EOS
+    masks_in_block = 8 - prompt % 8
+    assert int(edit.iterations[0]) == masks_in_block + 1  # the whole block, one mask a step, then a post step
