@@ -290,7 +290,7 @@ class TraceWriter(IterationObserver):
             "ev_confidence": cat([d[1] for d in self._ev_data], np.float32),
             "ev_committed": cat([d[2] for d in self._ev_data], bool),
             "ev_token_ids": cat([d[3] for d in self._ev_data], np.int32),
-            "ev_edited": cat([d[4] for d in self._ev_data], bool),  # LLaDA2.1 edits (added within version 1)
+            "ev_edited": cat([d[4] for d in self._ev_data], bool),  # LLaDA2.1 edits (optional: older traces lack it)
             "mk_block": np.asarray([m[0] for m in self._mk], dtype=np.int32),
             "mk_batch": np.asarray([m[1] for m in self._mk], dtype=np.int32),
             "mk_offsets": np.concatenate(([0], np.cumsum(mk_len))).astype(np.int64),
