@@ -21,6 +21,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..offload.config import KNOWN_POLICIES
+from ..offload.dispatch import CPU_COMPUTE_MODES
+from ..progress import add_quiet_argument, progress
+from .common import add_device_argument, add_model_argument, cpu_compute_note, resolve_device, resolve_model
 
 DEFAULT_PROMPTS = ["Tell me a story about a ship that sails across the sea.",
                    "What is 123+456? Explain each step.",
@@ -29,24 +32,31 @@ DEFAULT_PROMPTS = ["Tell me a story about a ship that sails across the sea.",
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("benchmark", help="TPOT, hit rate, bytes copied per policy vs full residency")
-    p.add_argument("--model", required=True)
-    p.add_argument("--device", default="cpu")
+    add_model_argument(p)
+    add_device_argument(p)
     p.add_argument("--dtype", default=None, help="load dtype (default: the checkpoint's)")
-    p.add_argument("--gen-length", type=int, default=128)
-    p.add_argument("--block-length", type=int, default=32)
-    p.add_argument("--threshold", type=float, default=None)
-    p.add_argument("--cache-size", type=int, nargs="+", default=None, help="slots per MoE layer (several allowed)")
-    p.add_argument("--cache-ratio", type=float, default=None, help="fraction of routed-expert bytes instead")
-    p.add_argument("--policy", nargs="+", default=["oled", "lru"], choices=KNOWN_POLICIES)
-    p.add_argument("--cpu-compute", choices=["auto", "off"], default="auto")
-    p.add_argument("--warmup-runs", type=int, default=1)
-    p.add_argument("--runs", type=int, default=2)
-    p.add_argument("--prompt", action="append", help="prompt (repeatable)")
+    p.add_argument("--gen-length", type=int, default=128, help="new tokens per prompt")
+    p.add_argument("--block-length", type=int, default=32, help="diffusion block length")
+    p.add_argument("--threshold", type=float, default=None,
+                   help="confidence threshold to commit a token (default: the checkpoint's generation_config)")
+    p.add_argument("--cache-size", type=int, nargs="+", default=None,
+                   help="expert slots per MoE layer, several allowed (this or --cache-ratio; default: none)")
+    p.add_argument("--cache-ratio", type=float, default=None,
+                   help="fraction of routed-expert bytes on the device, instead of --cache-size (default: none)")
+    p.add_argument("--policy", nargs="+", default=["oled", "lru"], choices=KNOWN_POLICIES,
+                   help="retention policies to measure")
+    p.add_argument("--cpu-compute", choices=list(CPU_COMPUTE_MODES), default="auto",
+                   help="compute some misses on the CPU: auto = on beside an accelerator, off without one "
+                        "(there host and device are the same cores); on = let the cost model split anyway")
+    p.add_argument("--warmup-runs", type=int, default=1, help="untimed passes over the prompts first")
+    p.add_argument("--runs", type=int, default=2, help="timed passes over the prompts")
+    p.add_argument("--prompt", action="append", help="prompt (repeatable; default: three sample prompts)")
     p.add_argument("--profile", action="store_true", help="synchronise the device around timed sections")
-    p.add_argument("--report-dir", default=None, help="write report.json and per-layer stats here")
+    p.add_argument("--report-dir", default=None, help="write report.json and per-layer stats here (default: nowhere)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--loop-reference", action="store_true",
                    help="also time full residency with the per-expert loop (the grouped kernels' reference)")
+    add_quiet_argument(p)
     p.set_defaults(func=benchmark)
 
 
@@ -62,6 +72,7 @@ class Row:
     policy_ms_per_forward: float | None = None
     ratio_to_full: float = 1.0
     same_tokens: bool = True
+    cpu_compute: str | None = None  # the mode this row ran with: hit rate and CPU share depend on it
 
 
 def encode_prompts(tok, prompts: list[str]):
@@ -99,7 +110,7 @@ def generate_all(model, inputs, gen: dict):
     return outputs, seconds, tokens, iterations
 
 
-def measure_round_robin(configs: list[Measured], inputs, args, runs: int, warmup: int) -> None:
+def measure_round_robin(configs: list[Measured], inputs, args, runs: int, warmup: int, tick=lambda: None) -> None:
     """Warm every configuration up, then per run decode every prompt with each, rotating the order."""
     gen = dict(max_new_tokens=args.gen_length, block_length=args.block_length, return_dict_in_generate=True)
     if args.threshold is not None:
@@ -107,6 +118,7 @@ def measure_round_robin(configs: list[Measured], inputs, args, runs: int, warmup
     for _ in range(warmup):
         for c in configs:
             generate_all(c.model, inputs, gen)
+            tick()
     for c in configs:
         if hasattr(c.model, "reset_offload_stats"):
             c.model.reset_offload_stats()
@@ -118,6 +130,7 @@ def measure_round_robin(configs: list[Measured], inputs, args, runs: int, warmup
             c.tpot.append(seconds / max(tokens, 1))
             c.tokens += tokens
             iterations[c.name] += its
+            tick()
     for c in configs:
         c.tokens_per_forward = c.tokens / max(iterations[c.name], 1)
 
@@ -145,7 +158,7 @@ def offload_row(c: Measured, reference, full: Measured) -> Row:
         bytes_per_token=total["bytes_copied"] / max(c.tokens, 1),
         cpu_share=total["cpu_expert_tokens"] / max(expert_tokens, 1),
         policy_ms_per_forward=1e3 * total["policy_seconds"] / max(total["forwards"], 1),
-        ratio_to_full=paired_ratio(c.tpot, full.tpot),
+        ratio_to_full=paired_ratio(c.tpot, full.tpot), cpu_compute=stats["cpu_compute"],
         same_tokens=all(torch.equal(a, b) for a, b in zip(c.outputs, reference)),
     )
 
@@ -161,15 +174,17 @@ def benchmark(args: argparse.Namespace) -> int:
 
     if args.cache_size is None and args.cache_ratio is None:
         raise ValueError("give --cache-size N [N ...] (slots per MoE layer) or --cache-ratio R")
-    load = dict(device_map=args.device)
+    path = resolve_model(args.model)
+    device = resolve_device(args.device)
+    load = dict(device_map=device)
     if args.dtype:
         load["dtype"] = getattr(torch, args.dtype)
-    tok = AutoTokenizer.from_pretrained(args.model)
+    tok = AutoTokenizer.from_pretrained(path)
     inputs = encode_prompts(tok, args.prompt or DEFAULT_PROMPTS)
-    full = Measured("full residency", AutoModelForCausalLM.from_pretrained(args.model, **load).eval())
+    full = Measured("full residency", AutoModelForCausalLM.from_pretrained(path, **load).eval())
     configs = [full]
     if args.loop_reference:
-        loop = AutoModelForCausalLM.from_pretrained(args.model, **load).eval()
+        loop = AutoModelForCausalLM.from_pretrained(path, **load).eval()
         for block in loop.moe_blocks():
             block.experts_executor = LOOP_EXECUTOR
         configs.append(Measured("full residency (per-expert loop)", loop))
@@ -177,10 +192,13 @@ def benchmark(args: argparse.Namespace) -> int:
     for key, value in budgets:
         for policy in args.policy:
             config = OffloadConfig(**{key: value}, policy=policy, cpu_compute=args.cpu_compute)
-            model = AutoModelForCausalLM.from_pretrained(args.model, offload_config=config, **load).eval()
+            model = AutoModelForCausalLM.from_pretrained(path, offload_config=config, **load).eval()
             model._offload_runtime.profile = args.profile
             configs.append(Measured(f"{policy} @ {key.replace('_', ' ')} {value}", model))
-    measure_round_robin(configs, inputs, args, args.runs, args.warmup_runs)
+    bar = progress(total=len(configs) * (args.warmup_runs + args.runs), desc="benchmark", unit="pass",
+                   quiet=args.quiet)
+    measure_round_robin(configs, inputs, args, args.runs, args.warmup_runs, bar.update)
+    bar.close()
     reference = full.outputs
     rows, details = [], {}
     for c in configs:
@@ -191,25 +209,30 @@ def benchmark(args: argparse.Namespace) -> int:
             rows.append(Row(c.name, statistics.median(c.tpot) * 1e3, c.tokens_per_forward, spread(c.tpot) * 1e3,
                             ratio_to_full=paired_ratio(c.tpot, full.tpot),
                             same_tokens=all(torch.equal(a, b) for a, b in zip(c.outputs, reference))))
-    report = {"model": args.model, "device": args.device, "gen_length": args.gen_length,
+    report = {"model": str(path), "device": device, "gen_length": args.gen_length,
               "block_length": args.block_length, "runs": args.runs, "order": "round-robin",
               "rows": [asdict(r) for r in rows]}
     if args.report_dir:
         out = Path(args.report_dir)
         out.mkdir(parents=True, exist_ok=True)
         (out / "report.json").write_text(json.dumps({**report, "offload_stats": details}, indent=2, default=str))
-    print(json.dumps(report, indent=2) if args.json else format_rows(rows))
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        notes = sorted({cpu_compute_note(d) for d in details.values()})
+        print("\n".join([format_rows(rows), *(f"offloaded rows: {n}" for n in notes)]))
     return 0 if all(r.same_tokens for r in rows) else 1
 
 
 def format_rows(rows: list[Row]) -> str:
-    head = ["config", "TPOT ms", "spread", "tok/fwd", "hit rate", "bytes/token", "CPU share", "policy ms/fwd", "x full",
-            "same tokens"]
+    head = ["config", "CPU compute", "TPOT ms", "spread", "tok/fwd", "hit rate", "bytes/token", "CPU share",
+            "policy ms/fwd", "x full", "same tokens"]
 
     def fmt(v, spec):
         return "-" if v is None else format(v, spec)
 
-    table = [head] + [[r.config, fmt(r.tpot_ms, ".2f"), fmt(r.tpot_spread_ms, ".2f"), fmt(r.tokens_per_forward, ".2f"),
+    table = [head] + [[r.config, r.cpu_compute or "-", fmt(r.tpot_ms, ".2f"), fmt(r.tpot_spread_ms, ".2f"),
+                       fmt(r.tokens_per_forward, ".2f"),
                        fmt(r.hit_rate, ".3f"),
                        fmt(r.bytes_per_token, ",.0f"), fmt(r.cpu_share, ".3f"), fmt(r.policy_ms_per_forward, ".3f"),
                        f"{r.ratio_to_full:.2f}", "yes" if r.same_tokens else "NO"] for r in rows]

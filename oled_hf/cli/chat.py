@@ -11,13 +11,14 @@ import argparse
 import sys
 import time
 
-from .common import add_model_arguments, standalone
+from .common import add_model_arguments, resolve_model, standalone
 
 PROMPT = ">>> "
 HELP = """commands:
   /help    show this help
   /clear   forget the conversation and start over
-  /stats   expert-offloading statistics (cache hit rate, bytes copied, CPU expert-tokens) and the last reply's
+  /stats   the last reply's figures and the expert cache's (hit rate, bytes copied, CPU share);
+           /stats layers adds one row per MoE layer
   /exit    quit (also /quit, Ctrl-D, or the end of piped input)
 anything else is sent to the model as your next message"""
 
@@ -32,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def configure(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
     p.add_argument("--max-tokens", type=int, default=256, help="most tokens per reply")
-    p.add_argument("--system", default=None, help="system prompt")
+    p.add_argument("--system", default=None, help="system prompt (default: none)")
     p.set_defaults(func=chat)
 
 
@@ -44,13 +45,17 @@ class ChatSession:
         self.out = out or sys.stdout
         self.history: list[dict[str, str]] = []
         self.last: str | None = None
+        # a model trained on single-turn prompts only answers the first message of a conversation;
+        # for one that says so in its config, each message is sent on its own
+        self.single_turn = bool(getattr(model.config, "oled_single_turn", False))
 
     def clear(self) -> None:
         self.history = []
 
     def _messages(self, user: str) -> list[dict[str, str]]:
         head = [{"role": "system", "content": self.system}] if self.system else []
-        return head + self.history + [{"role": "user", "content": user}]
+        history = [] if self.single_turn else self.history
+        return head + history + [{"role": "user", "content": user}]
 
     def reply(self, user: str) -> str:
         """Generate and print the answer block by block; the turn is kept only if it completed."""
@@ -89,23 +94,38 @@ class ChatSession:
         self.history += [{"role": "user", "content": user}, {"role": "assistant", "content": streamer.text}]
         return streamer.text
 
-    def stats(self) -> str:
+    def stats(self, per_layer: bool = False) -> str:
+        """The last reply and the expert cache since load, as a short table (``per_layer``: one row a layer)."""
         lines = [self.last] if self.last else []
         stats = self.model.offload_stats() if hasattr(self.model, "offload_stats") else None
-        if stats is None:
+        if not isinstance(stats, dict):
             lines.append("offloading off (load with --cache-size N to offload experts)")
             return "\n".join(lines)
-        if not isinstance(stats, dict):
-            stats = stats.to_dict() if hasattr(stats, "to_dict") else vars(stats)
-        lines.append("offloading on (totals since load):")
-        total = stats.get("total") if isinstance(stats.get("total"), dict) else {}
-        for key, value in {**stats, **total}.items():
-            if isinstance(value, (int, float, str)) and not isinstance(value, bool):
-                lines.append(f"  {key}: {value:.4g}" if isinstance(value, float) else f"  {key}: {value}")
-        layers = stats.get("layers")
-        if isinstance(layers, list) and layers and all(isinstance(r, dict) and "hit_rate" in r for r in layers):
-            lines.append("  hit rate per MoE layer: " + " ".join(f"{float(r['hit_rate']):.2f}" for r in layers))
+        from .common import cpu_compute_note
+
+        total = stats["total"]
+        lines.append(f"expert cache since load: policy {stats['policy']}, {stats['total_slots']} slots "
+                     f"({stats['slots_per_layer']:.1f} per MoE layer) on {stats['device']}; {cpu_compute_note(stats)}")
+        rows = [("hit rate", f"{total['hit_rate']:.3f}  ({total['hits']} hits, {total['misses']} misses)"),
+                ("bytes copied", f"{total['bytes_copied'] / 2**20:.2f} MiB  ({total['evictions']} evictions)"),
+                ("CPU share", f"{cpu_share(self.model, total):.3f}  ({total['cpu_expert_tokens']} CPU expert-tokens)"),
+                ("forwards", str(total["forwards"]))]
+        lines += [f"  {name:<14}{value}" for name, value in rows]
+        if per_layer:
+            lines.append("  layer  slots  hit rate  MiB copied  CPU expert-tokens")
+            lines += [f"  {r['layer']:>5}  {r['capacity']:>5}  {r['hit_rate']:>8.3f}  "
+                      f"{r['bytes_copied'] / 2**20:>10.2f}  {r['cpu_expert_tokens']:>17}" for r in stats["layers"]]
+        else:
+            lines.append("  (/stats layers: per MoE layer)")
         return "\n".join(lines)
+
+
+def cpu_share(model, total: dict) -> float:
+    """CPU expert-tokens over all routed expert-tokens (device + CPU) since load."""
+    runtime = getattr(model, "_offload_runtime", None)
+    device_tokens = int(sum(runtime.controller.stats.gpu_expert_tokens)) if runtime is not None else 0
+    cpu = int(total["cpu_expert_tokens"])
+    return cpu / (cpu + device_tokens) if cpu + device_tokens else 0.0
 
 
 def _lines(interactive: bool):
@@ -121,7 +141,7 @@ def _lines(interactive: bool):
 
 
 def chat(args: argparse.Namespace) -> int:
-    from ..serve.engine import load_model, resolve_model_path
+    from ..serve.engine import load_model
 
     if args.max_tokens < 1:
         raise ValueError(f"--max-tokens {args.max_tokens} is invalid: must be at least 1")
@@ -129,12 +149,15 @@ def chat(args: argparse.Namespace) -> int:
         raise ValueError(f"--block-length {args.block_length} is invalid: must be at least 1")
     if args.threshold is not None and not 0.0 <= args.threshold <= 1.0:
         raise ValueError(f"--threshold {args.threshold} is invalid: must be between 0 and 1")
-    path = resolve_model_path(args.model)
+    path = str(resolve_model(args.model))
     model, tokenizer = load_model(path, device=args.device, cache_size=args.cache_size, policy=args.policy)
     session = ChatSession(model, tokenizer, args.max_tokens, args.block_length, args.threshold, args.system)
     interactive = sys.stdin.isatty()
     print(f"loaded {path} on {model.device} (offloading {'on' if args.cache_size else 'off'}); /help for commands",
           file=sys.stderr, flush=True)
+    if session.single_turn:
+        print("note: this model was trained on single-turn prompts (oled_single_turn in its config.json): "
+              "each message is sent without the earlier turns", file=sys.stderr, flush=True)
     for raw in _lines(interactive):
         line = raw.strip()
         if not line:
@@ -148,7 +171,7 @@ def chat(args: argparse.Namespace) -> int:
             session.clear()
             print("(conversation cleared)", flush=True)
         elif command == "/stats":
-            print(session.stats(), flush=True)
+            print(session.stats(per_layer="layers" in line.split()[1:]), flush=True)
         elif command is not None:
             print(f"unknown command {command}; /help lists the commands", file=sys.stderr, flush=True)
         else:

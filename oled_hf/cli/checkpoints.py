@@ -11,15 +11,16 @@ from ..checkpoints.presets import PRESETS
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("make-tiny", help="write a random-weight LLaDA2 checkpoint (official layout)")
     p.add_argument("out", help="output folder")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
+                   help="model shape: tiny for tests, small for benchmarks")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32", help="weight dtype")
     p.add_argument("--family", choices=FAMILIES, default="llada2.0",
                    help="decoding defaults in generation_config.json: llada2.1 = token editing (quality preset)")
     for field in ("hidden_size", "num_hidden_layers", "num_experts", "num_experts_per_tok", "n_group",
                   "topk_group", "moe_intermediate_size", "intermediate_size", "vocab_size"):
         p.add_argument(f"--{field.replace('_', '-')}", dest=field, type=int, default=None,
-                       help=f"override the preset's {field}")
+                       help=f"override the preset's {field} (default: the preset's)")
     p.set_defaults(func=make_tiny)
 
     p = sub.add_parser("prepare", help="link an official LLaDA2 checkpoint so it loads as oled-hf classes")

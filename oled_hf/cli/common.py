@@ -1,4 +1,4 @@
-"""What every ``oled-moe`` subcommand shares: model options and how a command is run.
+"""What every ``oled-moe`` subcommand shares: model options, the model-path resolver, how a command is run.
 
 A leaf module: the subcommand modules import it, and it imports none of them, so a subcommand
 can run on its own (``python -m oled_hf.cli.chat``) without going through ``main``.
@@ -7,42 +7,183 @@ can run on its own (``python -m oled_hf.cli.chat``) without going through ``main
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+import traceback
+from pathlib import Path
+
+MAKE_ONE = ("`oled-moe make-tiny DIR` writes a random-weight checkpoint, "
+            "`oled-moe prepare SRC DIR` links an official one")
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Every option's help ends with its default, as the reference tool's does: ``(default: X)``.
+
+    Unlike ``ArgumentDefaultsHelpFormatter``, a help text that already says what its default is
+    (``default: the checkpoint's generation_config``) is left alone, and flags are not shown as
+    ``(default: False)``.
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        unset = any(action.default is v for v in (None, False, argparse.SUPPRESS))
+        if "default" in text or unset or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     """Loading and decoding options shared by ``chat`` and ``serve``."""
     from ..offload.config import KNOWN_POLICIES
 
-    p.add_argument("--model", default=None,
-                   help="checkpoint folder (default: the trained toy checkpoint, when available)")
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, or auto (cuda when available)")
+    add_model_argument(p)
+    add_device_argument(p)
     p.add_argument("--cache-size", type=int, default=None,
-                   help="offload experts, keeping this many expert slots per MoE layer on the device")
+                   help="offload experts, keeping this many expert slots per MoE layer on the device "
+                        "(default: off, every expert resident)")
     p.add_argument("--policy", choices=KNOWN_POLICIES, default=None,
-                   help="expert-cache retention policy (with --cache-size; default oled)")
+                   help="expert-cache retention policy (with --cache-size; default: oled)")
     p.add_argument("--block-length", type=int, default=None,
                    help="diffusion block length (default: the checkpoint's generation_config)")
     p.add_argument("--threshold", type=float, default=None,
                    help="confidence threshold to commit a token (default: the checkpoint's generation_config)")
 
 
+def add_model_argument(p: argparse.ArgumentParser) -> None:
+    """``--model``, the same for every subcommand: a checkpoint folder, the trained toy when omitted."""
+    p.add_argument("--model", default=None,
+                   help="checkpoint folder with config.json (default: the shipped trained toy model)")
+
+
+def add_device_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, or auto: cuda when available, else cpu "
+                   "(default: auto)")
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` means the accelerator when there is one; anything else is passed through."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def default_model_path() -> Path | None:
+    """The trained toy checkpoint the package ships, or None when this install has no ``oled_hf.toy``."""
+    try:
+        from ..toy import TOY_CHECKPOINT
+    except ImportError:
+        return None
+    return Path(TOY_CHECKPOINT)
+
+
+def resolve_model(model: str | os.PathLike | None, flag: str = "--model") -> Path:
+    """The checkpoint folder a command should load, or a ValueError naming the path and what is missing.
+
+    One resolver for every subcommand, so a wrong path reads the same everywhere and never reaches
+    the hub client (whose "Repo id must use alphanumeric chars" says nothing about the folder).
+    Nothing is ever written here: a missing model is an error, not something to create.
+    """
+    if model is None:
+        path = default_model_path()
+        if path is None:
+            raise ValueError(f"{flag} is required (a checkpoint folder: {MAKE_ONE})")
+        if not (path / "config.json").is_file():
+            raise ValueError(f"no {flag} given and the default toy checkpoint {path} is not built "
+                             f"(python -m oled_hf.toy.train {path} trains it); pass {flag} PATH")
+        return path
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise ValueError(f"{flag} {model}: no such folder (give a checkpoint folder with config.json; {MAKE_ONE})")
+    if not path.is_dir():
+        raise ValueError(f"{flag} {model} is a file, not a checkpoint folder (one holding config.json)")
+    config = path / "config.json"
+    if not config.is_file():
+        raise ValueError(f"{flag} {model}: no config.json in that folder, so it is not a checkpoint ({MAKE_ONE})")
+    model_type = _model_type(config)
+    if not model_type:
+        raise ValueError(f"{flag} {model}: its config.json has no model_type, so Transformers cannot load it "
+                         f"({MAKE_ONE})")
+    if model_type == "llada2_moe":
+        raise ValueError(f"{flag} {model} is an official LLaDA2 checkpoint (model_type llada2_moe); "
+                         f"run `oled-moe prepare {model} OUT` and pass --model OUT")
+    return path
+
+
+def served_model_name(path: Path) -> str:
+    """The name clients use for ``path``: its config's ``oled_model_name``, else the folder's name.
+
+    The shipped toy lives in a folder called ``checkpoint``, which says nothing to a client.
+    """
+    try:
+        name = json.loads((Path(path) / "config.json").read_text()).get("oled_model_name")
+    except (OSError, ValueError, AttributeError):
+        name = None
+    return name if isinstance(name, str) and name else Path(path).resolve().name
+
+
+def _model_type(config: Path) -> str | None:
+    try:
+        data = json.loads(config.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{config} is not readable JSON: {err}") from err
+    if not isinstance(data, dict):
+        raise ValueError(f"{config} does not hold a JSON object")
+    return data.get("model_type")
+
+
+def cpu_compute_note(stats: dict) -> str:
+    """How misses were served, in words: every figure that depends on it (hit rate, CPU share) says so."""
+    mode, asked = stats.get("cpu_compute", "?"), stats.get("cpu_compute_requested")
+    if asked == "auto" and mode == "off":
+        return "CPU compute off (auto: no accelerator, host and device are the same cores; every miss is copied)"
+    if mode == "off":
+        return "CPU compute off (every miss is copied)"
+    return f"CPU compute {mode} (misses may run on the CPU where the cost model finds it cheaper)"
+
+
+def user_error_types() -> tuple[type[BaseException], ...]:
+    """What loading a bad checkpoint or bad input raises: reported as one line, not a traceback."""
+    types: list[type[BaseException]] = [ValueError, OSError]  # JSONDecodeError, FileNotFoundError included
+    try:
+        from safetensors import SafetensorError
+
+        types.append(SafetensorError)
+    except ImportError:
+        pass
+    return tuple(types)
+
+
+def one_line(err: BaseException) -> str:
+    """An exception's message on one line (transformers' OSErrors span several)."""
+    text = " ".join(str(err).split())
+    return text or type(err).__name__
+
+
+def add_debug_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+
+
 def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str | None) -> int:
-    """Run a parsed command; a user error is one line on stderr and exit status 2."""
+    """Run a parsed command; a user error is one line on stderr and exit status 2 (``--debug``: traceback)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"oled-moe {command}: error: {err}", file=sys.stderr)
+    except user_error_types() as err:
+        if getattr(args, "debug", False):
+            traceback.print_exc()
+        print(f"oled-moe {command}: error: {one_line(err)}", file=sys.stderr)
         return 2
 
 
 def standalone(name: str, configure, help_text: str, argv: list[str] | None) -> int:
     """Run one subcommand as its own program, with the parser ``oled-moe NAME`` would use."""
-    parser = argparse.ArgumentParser(prog=f"oled-moe {name}", description=help_text)
+    parser = argparse.ArgumentParser(prog=f"oled-moe {name}", description=help_text, formatter_class=HelpFormatter)
     configure(parser)
+    add_debug_argument(parser)
     return run_command(parser, parser.parse_args(argv), name)

@@ -7,19 +7,24 @@ import re
 import time
 from pathlib import Path
 
+from ..offload.config import KNOWN_POLICIES
+from .common import add_model_argument, cpu_compute_note, default_model_path, resolve_model
+
 DEFAULT_PROMPTS = ["What is 123+456?", "Tell me about the sea."]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="generate with offloaded experts and compare with full residency")
-    p.add_argument("--model", default=None, help="checkpoint folder (default: the trained toy model if shipped, "
-                   "else ./tiny, made with make-tiny if missing)")
-    p.add_argument("--prompt", action="append", help="prompt (repeatable); default: sample prompts")
-    p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--block-length", type=int, default=None)
-    p.add_argument("--threshold", type=float, default=None)
+    add_model_argument(p)
+    p.add_argument("--prompt", action="append",
+                   help="prompt (repeatable; default: held-out questions for the toy, sample prompts otherwise)")
+    p.add_argument("--max-new-tokens", type=int, default=32, help="most new tokens per answer")
+    p.add_argument("--block-length", type=int, default=None,
+                   help="diffusion block length (default: the checkpoint's generation_config)")
+    p.add_argument("--threshold", type=float, default=None,
+                   help="confidence threshold to commit a token (default: the checkpoint's generation_config)")
     p.add_argument("--cache-ratio", type=float, default=0.4, help="fraction of routed-expert bytes on the device")
-    p.add_argument("--policy", default="oled")
+    p.add_argument("--policy", default="oled", choices=KNOWN_POLICIES, help="expert-cache retention policy")
     p.set_defaults(func=demo)
 
 
@@ -31,15 +36,14 @@ def _check_sum(prompt: str, answer: str) -> str:
     return "  (correct)" if answer.strip() == str(int(m.group(1)) + int(m.group(2))) else "  (wrong)"
 
 
-def default_model_and_prompts() -> tuple[Path, list[str] | None]:
-    try:
-        from ..toy import TOY_CHECKPOINT, demo_prompts
+def default_prompts(path: Path) -> list[str]:
+    """The toy's held-out questions when ``path`` is the shipped toy, else general sample prompts."""
+    default = default_model_path()
+    if default is not None and path.resolve() == default.resolve():
+        from ..toy import demo_prompts
 
-        if (Path(TOY_CHECKPOINT) / "config.json").is_file():
-            return Path(TOY_CHECKPOINT), demo_prompts()
-    except ImportError:
-        pass
-    return Path("tiny"), None
+        return demo_prompts()
+    return DEFAULT_PROMPTS
 
 
 def demo(args: argparse.Namespace) -> int:
@@ -48,13 +52,8 @@ def demo(args: argparse.Namespace) -> int:
 
     import oled_hf
 
-    from ..checkpoints.factory import make_checkpoint
-
-    path, prompts = (Path(args.model), None) if args.model else default_model_and_prompts()
-    if not (path / "config.json").is_file():
-        make_checkpoint(path, preset="tiny", seed=0)
-        print(f"made a random-weight tiny checkpoint at {path}")
-    prompts = args.prompt or prompts or DEFAULT_PROMPTS
+    path = resolve_model(args.model)  # never created here: a folder the user named is only read
+    prompts = args.prompt or default_prompts(path)
     tok = AutoTokenizer.from_pretrained(path)
     config = oled_hf.OffloadConfig(cache_ratio=args.cache_ratio, policy=args.policy)
     resident = AutoModelForCausalLM.from_pretrained(path).eval()
@@ -63,7 +62,8 @@ def demo(args: argparse.Namespace) -> int:
     print(f"model: {path} ({type(offloaded).__name__}, {offloaded.num_parameters() / 1e6:.2f}M parameters)")
     print(f"offloading: policy {args.policy}, {stats['total_slots']} expert slots "
           f"({stats['slots_per_layer']:.1f} per MoE layer, {args.cache_ratio:.0%} of routed-expert bytes), "
-          f"{stats['pool_bytes'] / 2**20:.2f} MiB on {stats['device']}, store {stats['host_bytes'] / 2**20:.2f} MiB")
+          f"{stats['pool_bytes'] / 2**20:.2f} MiB on {stats['device']}, store {stats['host_bytes'] / 2**20:.2f} MiB; "
+          f"{cpu_compute_note(stats)}")
     gen = dict(max_new_tokens=args.max_new_tokens, return_dict_in_generate=True)
     gen.update({k: v for k, v in dict(block_length=args.block_length, threshold=args.threshold).items() if v})
     warm = tok("warm up", return_tensors="pt")

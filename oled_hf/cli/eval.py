@@ -15,22 +15,25 @@ import json
 import time
 from pathlib import Path
 
+from .common import add_model_argument, resolve_model
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="run lm-eval tasks (offline) on a checkpoint, optionally with offloaded experts",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None, help="checkpoint folder (default: the trained toy model if shipped)")
+    add_model_argument(p)
     p.add_argument("--tasks", required=True, help="comma-separated task names (toy_addition, toy_addition_mc, "
                    "gsm8k_local, any lm-eval task)")
     p.add_argument("--model-args", default="", help="k=v,... for the oled_llada2 model: offloading (cache_size | "
                    "cache_ratio, policy, cpu_compute, ...), decoding (block_length, threshold, steps), likelihood "
                    "(mc_num, mc_seed, mc_attention, mc_batch_size), dtype, device, max_length")
-    p.add_argument("--limit", type=float, default=None, help="examples per task (a fraction if < 1)")
+    p.add_argument("--limit", type=float, default=None, help="examples per task, a fraction if < 1 (default: all)")
     p.add_argument("--batch-size", type=int, default=1, help="prompts per generate call / requests per forward")
-    p.add_argument("--output-path", default=None, help="write the results as JSON (a .json file, or a folder)")
+    p.add_argument("--output-path", default=None,
+                   help="write the results as JSON: a .json file, or a folder (default: print only)")
     p.add_argument("--include-path", action="append", default=[], help="extra folder of task YAMLs (repeatable)")
-    p.add_argument("--num-fewshot", type=int, default=None)
-    p.add_argument("--gen-kwargs", default=None, help="k=v,... overriding the tasks' generation_kwargs")
+    p.add_argument("--num-fewshot", type=int, default=None, help="few-shot examples (default: the task's)")
+    p.add_argument("--gen-kwargs", default=None, help="k=v,... overriding the tasks' generation_kwargs (default: none)")
     p.add_argument("--apply-chat-template", action="store_true",
                    help="wrap prompts in the model's chat template (stock tasks; the toy tasks embed it already)")
     p.add_argument("--log-samples", action="store_true", help="keep per-example outputs in --output-path")
@@ -41,11 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def default_model() -> Path:
-    from ..toy import TOY_CHECKPOINT
-
-    if (Path(TOY_CHECKPOINT) / "config.json").is_file():
-        return Path(TOY_CHECKPOINT)
-    raise ValueError(f"no --model given and the toy checkpoint is not built ({TOY_CHECKPOINT}); pass --model PATH")
+    """The checkpoint ``eval`` uses without ``--model`` (``eval/parity.py`` shares it)."""
+    return resolve_model(None)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,9 +64,7 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    model = Path(args.model) if args.model else default_model()
-    if not (model / "config.json").is_file():
-        raise FileNotFoundError(f"--model {model}: no checkpoint there (config.json missing)")
+    model = resolve_model(args.model)
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if not tasks:
         raise ValueError("--tasks is empty")

@@ -11,25 +11,45 @@ import sys
 
 from . import benchmark, chat, checkpoints, demo, report, serve, trace
 from . import eval as eval_cmd
-from .common import run_command
+from .common import HelpFormatter, add_debug_argument, run_command
 
 COMMAND_MODULES = [checkpoints, demo, chat, serve, trace, benchmark, eval_cmd, report]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="oled-moe", description="Run LLaDA2 MoE diffusion LLMs with expert offloading."
+        prog="oled-moe", description="Run LLaDA2 MoE diffusion LLMs with expert offloading.",
+        formatter_class=HelpFormatter,
     )
+    add_debug_argument(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMAND_MODULES:
         module.register(sub)
+    for p in subparsers_of(parser):
+        p.formatter_class = HelpFormatter  # every subcommand's help shows its defaults
     return parser
+
+
+def subparsers_of(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """Every parser below ``parser`` (``trace record`` included), for settings all of them share."""
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):  # aliases map to the same parser
+                found += [child, *subparsers_of(child)]
+    return found
+
+
+def command_name(args: argparse.Namespace) -> str | None:
+    """``trace record`` rather than ``trace``, for error lines."""
+    parts = [getattr(args, "command", None), getattr(args, "trace_command", None)]
+    return " ".join(p for p in parts if p) or None
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    return run_command(parser, args, args.command)
+    return run_command(parser, args, command_name(args))
 
 
 if __name__ == "__main__":

@@ -14,9 +14,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="replay traces through every system and write the evaluation report")
     p.add_argument("traces", nargs="+", help=f"trace files (recorded by {RECORD_COMMAND})")
     p.add_argument("--out", required=True, help="folder for report.md and the plots")
-    p.add_argument("--sizes", type=float, nargs="+", default=None, help="cache sizes in percent (10..100)")
+    p.add_argument("--sizes", type=float, nargs="+", default=None,
+                   help="cache sizes in percent, 10..100 (default: the report's sweep)")
     p.add_argument("--main", default=None, help="label of the trace for (c), (f), (g) (default: the first)")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--warmup-sequences", type=int, default=1,
                    help="recorded sequences that warm the cache before timing starts (0 = cold start)")
     add_cost_model_args(p)

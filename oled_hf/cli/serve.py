@@ -7,7 +7,7 @@ import ipaddress
 import os
 import sys
 
-from .common import add_model_arguments, standalone
+from .common import add_model_arguments, resolve_model, served_model_name, standalone
 
 API_KEY_ENV = "OLED_MOE_API_KEY"
 
@@ -21,9 +21,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
-    p.add_argument("--served-model-name", default=None, help="model name clients use (default: the folder name)")
+    p.add_argument("--served-model-name", default=None,
+                   help="model name clients use (default: the config's oled_model_name, else the folder name)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int, default=8000, help="TCP port to listen on (0: any free port)")
     p.add_argument("--default-max-tokens", type=int, default=256,
                    help="completion length when a request gives no max_tokens")
     p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
@@ -32,7 +33,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="requests allowed to wait for the model; more are answered 429 at once")
     p.add_argument("--insecure", action="store_true",
                    help="allow a non-loopback --host without --api-key")
-    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                   help="uvicorn's log level")
     add_limit_arguments(p)
     p.set_defaults(func=serve)
 
@@ -128,10 +130,10 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     from pathlib import Path
 
-    from ..serve.engine import Engine, load_model, resolve_model_path
+    from ..serve.engine import Engine, load_model
 
-    path = resolve_model_path(args.model)
-    name = args.served_model_name or Path(path).resolve().name
+    path = str(resolve_model(args.model))
+    name = args.served_model_name or served_model_name(Path(path))
     model, tokenizer = load_model(path, device=args.device, cache_size=args.cache_size, policy=args.policy)
     limits = limits_from(args)
     engine = Engine(model, tokenizer, max_queue=args.max_queue, default_max_tokens=args.default_max_tokens,

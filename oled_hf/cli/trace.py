@@ -7,45 +7,55 @@ import json
 from pathlib import Path
 
 from ..offload.config import KNOWN_POLICIES
+from ..progress import add_quiet_argument, progress
 from ..sim.hardware import add_cost_model_args
+from .common import add_device_argument, add_model_argument, resolve_device, resolve_model
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("trace", help="record routing traces and replay them through cache policies")
     tsub = p.add_subparsers(dest="trace_command", metavar="{record,replay}")
     r = tsub.add_parser("record", help="generate from prompts and record per-iteration routing")
-    r.add_argument("--model", required=True)
+    add_model_argument(r)
     r.add_argument("--prompts", required=True, help="text file (one prompt a line) or JSONL with 'prompt'/'question'")
     r.add_argument("--out", required=True, help="trace file to write")
-    r.add_argument("--device", default="cpu")
-    r.add_argument("--block-length", type=int, default=None)
-    r.add_argument("--max-new-tokens", type=int, default=None)
-    r.add_argument("--threshold", type=float, default=None)
-    r.add_argument("--decoding", choices=["quality", "speed"], default=None, help="LLaDA2.1 decoding preset")
+    add_device_argument(r)
+    r.add_argument("--block-length", type=int, default=None,
+                   help="diffusion block length (default: the checkpoint's generation_config)")
+    r.add_argument("--max-new-tokens", type=int, default=None,
+                   help="most new tokens per prompt (default: the checkpoint's generation_config)")
+    r.add_argument("--threshold", type=float, default=None,
+                   help="confidence threshold to commit a token (default: the checkpoint's generation_config)")
+    r.add_argument("--decoding", choices=["quality", "speed"], default=None,
+                   help="LLaDA2.1 decoding preset (default: the checkpoint's generation_config)")
     r.add_argument("--editing-threshold", type=float, default=None, help="LLaDA2.1 token editing (default: off)")
-    r.add_argument("--max-post-steps", type=int, default=None, help="editing iterations after a block's masks")
-    r.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    r.add_argument("--max-post-steps", type=int, default=None,
+                   help="editing iterations after a block's masks (default: the preset's or 16)")
+    r.add_argument("--limit", type=int, default=None, help="use only the first N prompts (default: all)")
     r.add_argument("--raw", action="store_true", help="do not wrap prompts in the chat template")
     r.add_argument("--batch-size", type=int, default=1, help="prompts per generate call (left-padded batch)")
-    r.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    r.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    add_quiet_argument(r)
     r.set_defaults(func=record)
     y = tsub.add_parser("synth", help="write a synthetic block-diffusion trace (default: LLaDA2.0-mini's shape)")
-    y.add_argument("--out", required=True)
-    y.add_argument("--layers", type=int, default=19)
-    y.add_argument("--experts", type=int, default=256)
-    y.add_argument("--top-k", type=int, default=8)
-    y.add_argument("--block-length", type=int, default=32)
-    y.add_argument("--blocks", type=int, default=4)
-    y.add_argument("--batch-size", type=int, default=1)
-    y.add_argument("--sequences", type=int, default=4)
-    y.add_argument("--seed", type=int, default=0)
+    y.add_argument("--out", required=True, help="trace file to write")
+    y.add_argument("--layers", type=int, default=19, help="MoE layers")
+    y.add_argument("--experts", type=int, default=256, help="routed experts per layer")
+    y.add_argument("--top-k", type=int, default=8, help="experts per token")
+    y.add_argument("--block-length", type=int, default=32, help="diffusion block length")
+    y.add_argument("--blocks", type=int, default=4, help="blocks per sequence")
+    y.add_argument("--batch-size", type=int, default=1, help="sequences decoded together")
+    y.add_argument("--sequences", type=int, default=4, help="sequences in the trace")
+    y.add_argument("--seed", type=int, default=0, help="random seed")
     y.set_defaults(func=synth)
     q = tsub.add_parser("replay", help="replay a trace through policies, next to full residency and Belady")
     q.add_argument("trace")
     q.add_argument("--cache-size", type=int, nargs="+", required=True, help="expert slots per MoE layer")
-    q.add_argument("--policy", nargs="+", default=list(KNOWN_POLICIES), choices=KNOWN_POLICIES)
-    q.add_argument("--no-layer-adaptive", action="store_true")
-    q.add_argument("--cpu-compute", choices=["auto", "off"], default="auto")
+    q.add_argument("--policy", nargs="+", default=list(KNOWN_POLICIES), choices=KNOWN_POLICIES,
+                   help="retention policies to replay")
+    q.add_argument("--no-layer-adaptive", action="store_true", help="keep every layer's share of the cache fixed")
+    q.add_argument("--cpu-compute", choices=["auto", "on", "off"], default="auto",
+                   help="simulated CPU compute of misses (the simulated machine has an accelerator: auto = on)")
     q.add_argument("--cost-model", choices=["h200-pcie5", "recorded"], default="h200-pcie5",
                    help="simulated hardware: the H200 + PCIe 5.0 preset, or the model calibrated when recording")
     add_cost_model_args(q)
@@ -57,6 +67,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def read_prompts(path: str) -> list[str]:
+    if not Path(path).is_file():
+        raise ValueError(f"--prompts {path}: no such file (a text file, one prompt a line, or JSONL)")
     text = Path(path).read_text().splitlines()
     prompts = []
     for line in text:
@@ -82,13 +94,14 @@ def record(args: argparse.Namespace) -> int:
 
     from ..sim.recorder import TraceRecorder
 
+    path = resolve_model(args.model)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.batch_size < 1:
         raise ValueError(f"--batch-size {args.batch_size} is invalid: must be >= 1")
     prompts = read_prompts(args.prompts)[: args.limit]
-    model = AutoModelForCausalLM.from_pretrained(args.model, device_map=args.device).eval()
-    tok = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(path, device_map=resolve_device(args.device)).eval()
+    tok = AutoTokenizer.from_pretrained(path)
     gen = {k: v for k, v in dict(block_length=args.block_length, max_new_tokens=args.max_new_tokens,
                                   threshold=args.threshold, decoding=args.decoding,
                                   editing_threshold=args.editing_threshold,
@@ -99,6 +112,7 @@ def record(args: argparse.Namespace) -> int:
     recorder.writer.header["prompts"] = str(args.prompts)
     tok.padding_side = "left"
     new_tokens = 0
+    bar = progress(total=len(prompts), desc="recording", unit="prompt", quiet=args.quiet)
     for i in range(0, len(prompts), args.batch_size):
         batch = prompts[i: i + args.batch_size]
         recorder.begin_sequence(i // args.batch_size)
@@ -111,6 +125,8 @@ def record(args: argparse.Namespace) -> int:
         with torch.no_grad():
             out = model.generate(**ids.to(model.device), **gen)
         new_tokens += (out.shape[1] - ids["input_ids"].shape[1]) * len(batch)
+        bar.update(len(batch))
+    bar.close()
     path = recorder.save(args.out)
     trace = recorder.writer.trace()
     print(f"recorded {len(prompts)} prompts, {trace.num_forwards} forwards, {trace.routing_entries} expert "

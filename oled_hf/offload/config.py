@@ -13,8 +13,9 @@ from dataclasses import asdict, dataclass, fields
 from numbers import Integral, Real
 from typing import Any
 
+from .dispatch import CPU_COMPUTE_MODES
+
 KNOWN_POLICIES = ("lfu", "lru", "moe-infinity", "oled", "prefetch", "static", "tide")
-CPU_COMPUTE_MODES = ("auto", "off")
 STORE_MODES = ("auto", "mmap", "pinned")
 
 

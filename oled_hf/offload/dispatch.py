@@ -25,6 +25,24 @@ import numpy as np
 
 from .costmodel import CostModel
 
+# auto: on beside an accelerator, off where the device is the CPU (resolve_cpu_compute)
+CPU_COMPUTE_MODES = ("auto", "on", "off")
+
+
+def resolve_cpu_compute(mode: str, accelerator: bool) -> str:
+    """The CPU-compute mode a run uses: ``auto`` is ``on`` beside an accelerator, ``off`` without one.
+
+    Computing a miss on the CPU pays off when the CPU and the GPU work at the same time. Where the
+    "device" is the CPU itself, host and device are the same cores: a CPU-computed miss saves no
+    time, it only leaves the expert uncached, so hit rates fall as the cache grows. ``on`` keeps
+    the cost-model split even there (tests and experiments); ``off`` always copies.
+    """
+    if mode not in CPU_COMPUTE_MODES:
+        raise ValueError(f"cpu_compute={mode!r} is unknown; allowed: {', '.join(CPU_COMPUTE_MODES)}")
+    if mode == "auto":
+        return "on" if accelerator else "off"
+    return mode
+
 
 class Dispatcher:
     """Splits one layer access's misses between copy-to-GPU and compute-on-CPU."""
@@ -35,10 +53,12 @@ class Dispatcher:
     small = 40
 
     def __init__(self, cost_model: CostModel | None, cpu_compute: str = "auto") -> None:
-        if cpu_compute not in ("auto", "off"):
-            raise ValueError(f"cpu_compute={cpu_compute!r} is unknown; allowed: auto, off")
-        if cpu_compute == "auto" and cost_model is None:
-            raise ValueError("Dispatcher with cpu_compute='auto' needs a cost model")
+        # "auto" is "on" here: the live runtime resolves "auto" by its device before planning, and
+        # replay simulates hardware with an accelerator
+        if cpu_compute not in CPU_COMPUTE_MODES:
+            raise ValueError(f"cpu_compute={cpu_compute!r} is unknown; allowed: {', '.join(CPU_COMPUTE_MODES)}")
+        if cpu_compute != "off" and cost_model is None:
+            raise ValueError(f"Dispatcher with cpu_compute={cpu_compute!r} needs a cost model")
         self.cost_model = cost_model
         self.cpu_compute = cpu_compute
 

@@ -10,6 +10,7 @@ the controller (policy, allocator) and, when asked, to a trace recorder.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import TYPE_CHECKING
 
@@ -21,6 +22,7 @@ from ..modeling.experts import swiglu_expert
 from .cache import ExpertCache
 from .controller import CacheController
 from .costmodel import CostModel
+from .dispatch import resolve_cpu_compute
 from .executor import OffloadedExpertsExecutor, make_cpu_pool
 from .store import ExpertStore
 
@@ -39,7 +41,10 @@ class OffloadRuntime(IterationObserver):
         self.total_slots = config.resolve_slots(self.num_layers, self.num_experts)
         self.cache = ExpertCache(store, self.total_slots, device)
         self.cost_model = self._cost_model(cfg)
-        self.controller = CacheController(config, self.num_layers, self.num_experts, self.cost_model)
+        # "auto" decided by the device: off where the experts' device is the CPU (resolve_cpu_compute)
+        self.cpu_compute = resolve_cpu_compute(config.cpu_compute, accelerator=self.cache.cuda)
+        plan_config = config if self.cpu_compute != "off" else dataclasses.replace(config, cpu_compute="off")
+        self.controller = CacheController(plan_config, self.num_layers, self.num_experts, self.cost_model)
         # CPU misses run in a worker thread beside the device work; on a CPU-only machine inline
         # (the "device" is the same cores), unless a test turns the overlap path on.
         self.overlap_cpu = self.cache.cuda
@@ -109,6 +114,7 @@ class OffloadRuntime(IterationObserver):
             "policy": self.config.policy, "total_slots": self.total_slots,
             "slots_per_layer": self.total_slots / self.num_layers, "device": str(self.cache.device),
             "pool_bytes": self.cache.pool_bytes, "host_bytes": self.store.host_bytes(), "store": self.store.mode,
+            "cpu_compute": self.cpu_compute, "cpu_compute_requested": self.config.cpu_compute,
             "cost_model": dict(vars(self.cost_model)), "total": total, "layers": per_layer,
         }
 

@@ -20,7 +20,6 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
@@ -128,29 +127,6 @@ class _Abort(IterationObserver):
 
     def on_block_end(self, block_index: int, token_ids: torch.Tensor) -> None:
         self._check()
-
-
-def default_model_path() -> str | None:
-    """The trained toy checkpoint when the ``oled_hf.toy`` module provides one."""
-    try:
-        from .. import toy
-    except ImportError:
-        return None
-    path = getattr(toy, "TOY_CHECKPOINT", None)
-    return None if path is None else str(path)
-
-
-def resolve_model_path(model: str | None) -> str:
-    if model is None:
-        model = default_model_path()
-        if model is None:
-            raise ValueError("--model is required (a checkpoint folder; `oled-moe make-tiny ./tiny` writes one)")
-        if not (Path(model) / "config.json").is_file():
-            raise ValueError(f"no --model given and the default toy checkpoint {model} does not exist yet; "
-                             "train it or pass --model")
-    elif not Path(model).exists():
-        raise ValueError(f"--model {model}: no such checkpoint folder")
-    return model
 
 
 def load_model(path: str, device: str = "auto", cache_size: int | None = None, policy: str | None = None):

@@ -47,16 +47,18 @@ def add_cost_model_args(p: argparse.ArgumentParser) -> None:
     """The timing flags shared by ``trace replay`` and ``report``."""
     g = p.add_argument_group("timing (simulated hardware; default H200 + PCIe 5.0 x16 at the trace's own size)")
     g.add_argument("--as-model", choices=sorted(MODEL_SHAPES), default=None,
-                   help="time the trace with this model's expert size")
-    g.add_argument("--hidden-size", type=int, default=None)
-    g.add_argument("--moe-intermediate-size", type=int, default=None)
-    g.add_argument("--dtype-bytes", type=int, default=None)
+                   help="time the trace with this model's expert size (default: the trace's own)")
+    g.add_argument("--hidden-size", type=int, default=None, help="expert input size (default: the trace's)")
+    g.add_argument("--moe-intermediate-size", type=int, default=None,
+                   help="expert intermediate size (default: the trace's)")
+    g.add_argument("--dtype-bytes", type=int, default=None, help="bytes per weight (default: the trace's)")
     g.add_argument("--gpu-kernel", choices=["grouped", "loop"], default="grouped",
                    help="GPU expert kernel of the offloaded runs (grouped: one GEMM per layer)")
     g.add_argument("--planner-us", type=float, default=None,
                    help="host planner time per layer access, us (default: measured during replay)")
     for name, text in {**HARDWARE_FLAGS, **FIELD_FLAGS}.items():
-        g.add_argument("--" + name.replace("_", "-"), type=float, default=None, help=text)
+        g.add_argument("--" + name.replace("_", "-"), type=float, default=None,
+                       help=f"{text} (default: the preset's or the recorded cost model's)")
 
 
 def expert_shape(trace: Trace, args: Any) -> tuple[int, int, int]:

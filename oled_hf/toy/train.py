@@ -50,6 +50,7 @@ from transformers import GenerationConfig
 
 from ..modeling import OledLLaDA2Config, OledLLaDA2ForDiffusionLM
 from ..modeling.experts import RESIDENT_EXECUTOR, group_tokens_by_expert, swiglu_expert
+from ..progress import add_quiet_argument, progress
 from .data import ToyEncoding, heldout_pairs, sample_train_pairs
 from .tokenizer import build_toy_tokenizer
 
@@ -67,8 +68,13 @@ DEFAULT_STEPS = 2500
 SHARD_SIZE = "4MB"  # several shards plus an index, the official layout, even at this size
 
 
+# What the checkpoint says about itself beyond its shape: the name `oled-moe serve` serves it under,
+# and that it was trained on single-turn prompts only (`oled-moe chat` then keeps only the last turn).
+TOY_IDENTITY = dict(oled_model_name="oled-toy-addition", oled_single_turn=True)
+
+
 def toy_config(tokenizer, **overrides) -> OledLLaDA2Config:
-    kwargs = {**TOY_MODEL, **overrides}
+    kwargs = {**TOY_IDENTITY, **TOY_MODEL, **overrides}
     return OledLLaDA2Config(
         vocab_size=len(tokenizer),
         pad_token_id=tokenizer.pad_token_id,
@@ -245,6 +251,7 @@ def train_toy(
     substitution: float = 0.0,
     init: str | os.PathLike | None = None,
     log=print,
+    quiet: bool = False,
 ) -> dict:
     """Train, evaluate on the held-out split and (``save``) write the checkpoint; returns the report."""
     if threads:
@@ -273,6 +280,7 @@ def train_toy(
     start = time.perf_counter()
     stopped_early = False
     step = 0
+    bar = progress(total=steps, desc="training", unit="step", quiet=quiet)
     for step in range(steps):
         if minutes is not None and time.perf_counter() - start > minutes * 60:
             stopped_early = True
@@ -291,6 +299,7 @@ def train_toy(
         optimizer.step()
         update_expert_bias(model, out_.router_logits, bias_rate)
         losses.append(loss.item())
+        bar.update()
         if log_every and (step + 1) % log_every == 0:
             elapsed = time.perf_counter() - start
             recent = sum(losses[-log_every:]) / len(losses[-log_every:])
@@ -302,6 +311,7 @@ def train_toy(
                 f"{curve[-1]['experts_used_fraction']}")
     else:
         step = steps
+    bar.close()
     train_seconds = time.perf_counter() - start
 
     model.eval()
@@ -367,10 +377,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--init", default=None, help="start from this checkpoint (fine-tune) instead of random")
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--warmup", type=int, default=100)
+    add_quiet_argument(parser)
     args = parser.parse_args(argv)
     report = train_toy(args.out, seed=args.seed, steps=args.steps, minutes=args.minutes, eval_n=args.eval_n,
                        threads=args.threads, substitution=args.substitution_noise, init=args.init, lr=args.lr,
-                       warmup=args.warmup, log=lambda s: print(s, flush=True))
+                       warmup=args.warmup, log=lambda s: print(s, flush=True), quiet=args.quiet)
     report.pop("model")
     print(json.dumps(report, indent=2))
 

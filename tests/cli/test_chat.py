@@ -7,14 +7,12 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 ARGS = ["--max-tokens", "16", "--block-length", "8"]
 
 
-def _greedy_reply(model, tok, history):
+def _greedy_reply(model, tok, history, max_new_tokens=16):
     inputs = tok.apply_chat_template(history, add_generation_prompt=True, return_tensors="pt", return_dict=True)
-    out = model.generate(**inputs, max_new_tokens=16, block_length=8)
+    out = model.generate(**inputs, max_new_tokens=max_new_tokens, block_length=8)
     return tok.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
 
 
@@ -51,25 +49,6 @@ def test_session_keeps_the_conversation(tiny_model, tiny_tokenizer):
     assert session.history == [] and "offloading off" in session.stats()
 
 
-def test_default_model(monkeypatch, tiny_path):
-    import oled_hf
-    from oled_hf.serve import engine
-
-    monkeypatch.setattr(engine, "default_model_path", lambda: None)
-    with pytest.raises(ValueError, match="--model is required"):
-        engine.resolve_model_path(None)
-    monkeypatch.undo()
-
-    fake = type(sys)("oled_hf.toy")
-    fake.TOY_CHECKPOINT = tiny_path
-    monkeypatch.setitem(sys.modules, "oled_hf.toy", fake)
-    monkeypatch.setattr(oled_hf, "toy", fake, raising=False)
-    assert engine.resolve_model_path(None) == str(tiny_path)
-    fake.TOY_CHECKPOINT = tiny_path.parent / "not-trained-yet"
-    with pytest.raises(ValueError, match="does not exist yet"):
-        engine.resolve_model_path(None)
-
-
 def test_chat_rejects_bad_options(capsys, tiny_path):
     from oled_hf.cli import chat
 
@@ -84,6 +63,35 @@ def test_stats_with_offloading(tiny_path):
     model, tokenizer = load_model(str(tiny_path), device="cpu", cache_size=4)
     session = ChatSession(model, tokenizer, max_tokens=8, block_length=8, threshold=None, out=io.StringIO())
     session.reply("hello")
-    stats = session.stats()
-    assert "offloading on" in stats and "hit_rate:" in stats and "hit rate per MoE layer:" in stats
-    assert "last reply: 8 tokens" in stats
+    lines = session.stats().splitlines()
+    total = model.offload_stats()["total"]
+    assert lines[0].startswith("last reply: 8 tokens")
+    assert lines[1] == ("expert cache since load: policy oled, 12 slots (4.0 per MoE layer) on cpu; CPU compute off "
+                        "(auto: no accelerator, host and device are the same cores; every miss is copied)")
+    assert lines[2:] == [f"  hit rate      {total['hit_rate']:.3f}  ({total['hits']} hits, {total['misses']} misses)",
+                         f"  bytes copied  {total['bytes_copied'] / 2**20:.2f} MiB  ({total['evictions']} evictions)",
+                         "  CPU share     0.000  (0 CPU expert-tokens)", f"  forwards      {total['forwards']}",
+                         "  (/stats layers: per MoE layer)"]
+    layers = session.stats(per_layer=True).splitlines()[6:]
+    assert layers[0] == "  layer  slots  hit rate  MiB copied  CPU expert-tokens"
+    assert len(layers) == 1 + model.config.num_moe_layers and layers[1].split()[:2] == ["0", "4"]
+
+
+def test_chat_with_the_default_toy_answers_every_message():
+    """The toy knows single-turn prompts only and says so in its config: chat sends each message on its own."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from oled_hf.cli.common import default_model_path
+
+    toy = default_model_path()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run([sys.executable, "-m", "oled_hf.cli.chat", "--max-tokens", "8"], timeout=120, env=env,
+                          input="What is 123+456?\nWhat is 200+300?\n", capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert ("note: this model was trained on single-turn prompts (oled_single_turn in its config.json): each "
+            "message is sent without the earlier turns") in proc.stderr.splitlines()
+    model, tok = AutoModelForCausalLM.from_pretrained(toy).eval(), AutoTokenizer.from_pretrained(toy)
+    alone = [_greedy_reply(model, tok, [{"role": "user", "content": q}], max_new_tokens=8)
+             for q in ("What is 123+456?", "What is 200+300?")]
+    assert proc.stdout.splitlines() == alone and all(alone)  # the second reply is not empty
+    # (a checkpoint that does not declare it keeps the history: test_session_keeps_the_conversation)

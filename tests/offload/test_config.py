@@ -32,7 +32,7 @@ def test_choice_messages():
         OffloadConfig(cache_size=4, policy="foo")
     assert str(err.value) == ("policy='foo' is unknown; known policies: "
                               "lfu, lru, moe-infinity, oled, prefetch, static, tide")
-    with pytest.raises(ValueError, match="cpu_compute='gpu' is unknown; allowed: auto, off"):
+    with pytest.raises(ValueError, match="cpu_compute='gpu' is unknown; allowed: auto, on, off"):
         OffloadConfig(cache_size=4, cpu_compute="gpu")
     with pytest.raises(ValueError, match="store='disk' is unknown; allowed: auto, mmap, pinned"):
         OffloadConfig(cache_size=4, store="disk")

@@ -92,3 +92,12 @@ def test_python_and_numpy_paths_decide_identically(cm):
         assert small is not None and (small == ref).all(), (trial, m, room)
     nan = Dispatcher._split_small(cm, copy_t, 0.0, [1, 2], [float("nan"), 1.0], None, 2)
     assert nan is None  # NaN keys sort differently: left to NumPy
+
+
+def test_resolve_cpu_compute_by_device():
+    from oled_hf.offload.dispatch import resolve_cpu_compute
+
+    assert [resolve_cpu_compute(m, accelerator=True) for m in ("auto", "on", "off")] == ["on", "on", "off"]
+    assert [resolve_cpu_compute(m, accelerator=False) for m in ("auto", "on", "off")] == ["off", "on", "off"]
+    with pytest.raises(ValueError, match="cpu_compute='gpu' is unknown; allowed: auto, on, off"):
+        resolve_cpu_compute("gpu", accelerator=False)

@@ -12,7 +12,7 @@ from oled_hf.offload.planner import LayerPlan
 
 POLICIES = ["oled", "lru", "lfu", "static", "tide"]
 # Copies so slow and the CPU so fast that the dispatcher sends misses to the CPU.
-CPU_HEAVY = dict(h2d_bandwidth_gbps=1e-4, cpu_expert_ms_per_token=1e-6, calibrate=False)
+CPU_HEAVY = dict(h2d_bandwidth_gbps=1e-4, cpu_expert_ms_per_token=1e-6, calibrate=False, cpu_compute="on")
 
 
 @pytest.fixture(scope="module")

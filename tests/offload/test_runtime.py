@@ -31,7 +31,7 @@ def _offloaded(path, **kwargs):
 @pytest.mark.parametrize("policy", POLICIES)
 def test_every_policy_and_cache_size_is_lossless(tiny_path, prompt, reference, policy):
     for cache_size in CACHE_SIZES:
-        for cpu in ("auto", "off"):
+        for cpu in ("on", "off"):
             model = _offloaded(tiny_path, cache_size=cache_size, policy=policy, cpu_compute=cpu)
             out = model.generate(**prompt, max_new_tokens=24, block_length=8, threshold=0.9)
             assert torch.equal(out, reference), (policy, cache_size, cpu)
@@ -42,7 +42,7 @@ def test_every_policy_and_cache_size_is_lossless(tiny_path, prompt, reference, p
 
 
 def test_logits_bit_identical_to_resident(tiny_path, tiny_model):
-    model = _offloaded(tiny_path, cache_size=4, cpu_compute="auto")
+    model = _offloaded(tiny_path, cache_size=4, cpu_compute="on")
     ids = torch.randint(0, 500, (2, 24), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.equal(model(ids, block_length=8).logits, tiny_model(ids, block_length=8).logits)
@@ -133,7 +133,7 @@ def test_bf16_offload_matches_bf16_resident(tiny_path):
 
 def test_concurrent_cpu_path_is_lossless(tiny_path, prompt, reference):
     """The worker-thread CPU path (used beside a GPU) gathers, computes and scatters rows correctly."""
-    model = _offloaded(tiny_path, cache_size=4, cpu_compute="auto")
+    model = _offloaded(tiny_path, cache_size=4, cpu_compute="on")
     model._offload_runtime.overlap_cpu = True
     out = model.generate(**prompt, max_new_tokens=24, block_length=8, threshold=0.9)
     assert torch.equal(out, reference)
@@ -149,7 +149,19 @@ def test_editing_is_lossless_for_every_policy(tiny_path, tiny_model, prompt, pol
     want = tiny_model.generate(**prompt, **kw)
     assert int(want.edits[0]) > 0
     for cache_size in (1, 13):
-        model = _offloaded(tiny_path, cache_size=cache_size, policy=policy, cpu_compute="auto")
+        model = _offloaded(tiny_path, cache_size=cache_size, policy=policy, cpu_compute="on")
         out = model.generate(**prompt, **kw)
         assert torch.equal(out.sequences, want.sequences), (policy, cache_size)
         assert torch.equal(out.edits_per_block, want.edits_per_block)
+
+
+def test_cpu_compute_auto_is_off_without_an_accelerator(tiny_path, prompt, reference):
+    """On a CPU-only machine host and device are the same cores: a CPU-computed miss only costs hits."""
+    auto = _offloaded(tiny_path, cache_size=8)
+    on = _offloaded(tiny_path, cache_size=8, cpu_compute="on")
+    for model in (auto, on):
+        assert torch.equal(model.generate(**prompt, max_new_tokens=24, block_length=8, threshold=0.9), reference)
+    a, o = auto.offload_stats(), on.offload_stats()
+    assert (a["cpu_compute"], a["cpu_compute_requested"], o["cpu_compute"]) == ("off", "auto", "on")
+    assert a["total"]["cpu_expert_tokens"] == 0 and o["total"]["cpu_expert_tokens"] > 0
+    assert a["total"]["hit_rate"] > o["total"]["hit_rate"]

@@ -28,7 +28,7 @@ def test_serve_reports_missing_model(capsys, tmp_path):
     from oled_hf.cli import serve
 
     assert serve.main(["--model", str(tmp_path / "missing")]) == 2
-    assert "no such checkpoint folder" in capsys.readouterr().err
+    assert "no such folder" in capsys.readouterr().err
 
 
 def test_serve_command_starts_and_stops(tiny_path):

@@ -8,7 +8,7 @@ from oled_hf import OffloadConfig
 from oled_hf.sim import belady_min, load_trace, replay
 
 
-@pytest.mark.parametrize("policy, cpu", [("oled", "auto"), ("lru", "off"), ("tide", "auto"), ("static", "off")])
+@pytest.mark.parametrize("policy, cpu", [("oled", "on"), ("lru", "off"), ("tide", "on"), ("static", "off")])
 def test_replay_equals_live_counts(tiny_path, tiny_tokenizer, tmp_path, policy, cpu):
     path = tmp_path / f"{policy}.trace"
     config = OffloadConfig(cache_size=6, policy=policy, cpu_compute=cpu, record_trace=str(path))
@@ -94,7 +94,7 @@ def test_replay_cli_times_as_mini(tiny_path, tmp_path, capsys):
 
 def test_editing_trace_records_edits_and_replays_to_live_counts(tiny_path, tiny_tokenizer, tmp_path):
     path = tmp_path / "edit.trace"
-    config = OffloadConfig(cache_size=6, policy="oled", cpu_compute="auto", record_trace=str(path))
+    config = OffloadConfig(cache_size=6, policy="oled", cpu_compute="on", record_trace=str(path))
     model = OledLLaDA2ForDiffusionLM.from_pretrained(tiny_path, offload_config=config).eval()
     ids = tiny_tokenizer.apply_chat_template([{"role": "user", "content": "tell me about the sea"}],
                                              add_generation_prompt=True, return_tensors="pt", return_dict=True)
@@ -105,6 +105,6 @@ def test_editing_trace_records_edits_and_replays_to_live_counts(tiny_path, tiny_
     assert trace.edits() == int(out.edits[0]) > 0
     edited = [trace.event(i).edited for i in range(trace.num_events)]
     assert sum(int(e.sum()) for e in edited) == trace.edits()
-    result = replay(trace, "oled", 6, cpu_compute="auto", cost_model=model._offload_runtime.cost_model)
+    result = replay(trace, "oled", 6, cpu_compute="on", cost_model=model._offload_runtime.cost_model)
     assert (result.hits, result.misses, result.evictions) == (live["hits"], live["misses"], live["evictions"])
     assert result.bytes_copied == live["bytes_copied"] and result.cpu_expert_tokens == live["cpu_expert_tokens"]
