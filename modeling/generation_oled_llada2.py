@@ -240,6 +240,7 @@ class _BlockDecoder:
         iterations = torch.zeros(rows, dtype=torch.long)
         edits = torch.zeros(rows, dtype=torch.long)
         stale, iteration = False, 0
+        cap = block_iteration_cap(c.block_length, p.max_post_steps if editing else 0)
         while True:
             masked = self._masked(cols) & open_rows[:, None]
             has_mask = masked.any(-1)
@@ -250,7 +251,12 @@ class _BlockDecoder:
                 open_rows &= has_mask
             if not open_rows.any():
                 return iterations, edits, stale
+            if iteration >= cap:
+                raise RuntimeError(
+                    f"block {block} still has {int(masked.sum())} masked token(s) after {cap} denoising "
+                    f"iterations (the cap for block_length={c.block_length}); the commit rule stopped committing")
             logits = self._forward("denoise", block, iteration, cols, c.block_length)
+            check_finite(logits, masked, block, iteration)
             before = c.tokens[:, cols]
             committed, ids, prob = self._commit(logits, masked, self.schedule[:, min(iteration, steps - 1)],
                                                 iteration, steps)
@@ -339,6 +345,29 @@ class _BlockDecoder:
         return DiffusionGenerateOutput(sequences=sequences, iterations=iterations, tokens_per_forward=tpf,
                                        blocks=blocks, forwards=self.forwards, edits=edits.sum(-1),
                                        edits_per_block=edits[:, :decoded])
+
+
+def block_iteration_cap(block_length: int, post_steps: int = 0) -> int:
+    """Most denoising iterations a block may take: every iteration with masks commits at least one.
+
+    Both commit rules guarantee one commit per iteration while the logits are finite, so a block of
+    ``block_length`` positions runs out of masks within that many, plus at most ``post_steps``
+    editing-only iterations (LLaDA2.1); more means the decoder is broken and would otherwise loop
+    forever.
+    """
+    return block_length + post_steps
+
+
+def check_finite(logits: torch.Tensor, masked: torch.Tensor, block: int, iteration: int) -> None:
+    """Refuse NaN/inf logits at masked positions: their confidence never passes a threshold, so
+    nothing would ever commit. Names the forward (block, iteration) and the rows affected."""
+    bad = ~torch.isfinite(logits).all(-1) & masked
+    if bool(bad.any()):
+        rows = torch.nonzero(bad.any(-1)).flatten().tolist()
+        raise FloatingPointError(
+            f"the denoise forward of block {block}, iteration {iteration} produced non-finite logits (NaN or inf) "
+            f"at {int(bad.sum())} masked position(s) of batch row(s) {rows}; the model's weights give NaN/inf "
+            "(e.g. a corrupt expert in the checkpoint), so no token can be chosen")
 
 
 def _stop_string_cut(tokenizer, tokens: torch.Tensor, stop_strings: list[str]) -> int | None:
