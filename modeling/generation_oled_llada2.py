@@ -29,7 +29,7 @@ from transformers.utils import ModelOutput
 from .canvas import build_canvas, prompt_rows
 from .commit import choose_tokens, commit_dinfer, commit_official, edit_positions, transfer_schedule
 from .events import IterationEvent, IterationObserver
-from .params import DiffusionParams, resolve_params
+from .params import DiffusionParams, check_inputs, check_prompt_tokens, resolve_params
 
 logger = logging.getLogger(__name__)
 
@@ -109,9 +109,7 @@ class DiffusionGenerationMixin:
         input_ids = inputs if input_ids is None else input_ids
         if input_ids is None:
             raise ValueError("input_ids is required: block diffusion decodes after a non-empty prompt")
-        if input_ids.dim() == 1:
-            input_ids = input_ids.unsqueeze(0)
-        attention_mask = kwargs.pop("attention_mask", None)
+        input_ids, attention_mask = check_inputs(input_ids, kwargs.pop("attention_mask", None))
         for alias, name in (("eos_id", "eos_token_id"), ("mask_id", "mask_token_id")):
             if alias in kwargs:
                 kwargs.setdefault(name, kwargs.pop(alias))
@@ -119,6 +117,7 @@ class DiffusionGenerationMixin:
         longest = max(int(p.shape[0]) for p in prompts)
         params = resolve_params(self.config, generation_config or getattr(self, "generation_config", None),
                                 longest, kwargs)
+        check_prompt_tokens(prompts, self.config.vocab_size, params.mask_token_id)
         self._check_leftover_kwargs(kwargs)
         if streamer is not None and input_ids.shape[0] != 1:
             raise ValueError(f"a streamer needs batch size 1; got {input_ids.shape[0]} prompts")

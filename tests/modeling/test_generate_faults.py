@@ -55,3 +55,47 @@ def test_a_commit_rule_that_stalls_hits_the_iteration_cap(tiny_model, monkeypatc
         tiny_model.generate(PROMPT, max_new_tokens=16, block_length=8,
                             observers=[type("O", (), {"on_forward": lambda self, k, b, i: forwards.append(k)})()])
     assert forwards == ["prefill"] + ["denoise"] * 8
+
+
+def _baseline(model):
+    return model.generate(PROMPT, max_new_tokens=8, block_length=8)
+
+
+MASK = 511  # tiny's mask_token_id; vocab_size 512
+ONES = torch.ones_like(PROMPT)
+
+
+@pytest.mark.parametrize("args, kwargs, message", [
+    # a mask narrower than input_ids used to cut the prompt silently
+    ((PROMPT,), dict(attention_mask=ONES[:, 2:]),
+     r"attention_mask has shape \[1, 10\] but input_ids has \[1, 12\]: they must match"),
+    ((PROMPT,), dict(attention_mask=ONES * 2), r"attention_mask must hold only 0 \(padding\) and 1 .*found \[2.0\]"),
+    ((PROMPT,), dict(attention_mask=ONES[0]), r"attention_mask has shape \[12\] but input_ids"),
+    ((PROMPT.repeat(2, 1),), dict(attention_mask=ONES),
+     r"attention_mask has shape \[1, 12\] but input_ids has \[2, 12\]"),
+    ((torch.cat([PROMPT[:, :9], torch.tensor([[MASK]]), PROMPT[:, 10:]], 1),), {},
+     r"input_ids row 0 contains mask_token_id=511 at prompt position\(s\) \[9\]"),
+    ((torch.zeros(1, 0, dtype=torch.long),), {}, r"input_ids has 0 tokens per row \(shape \[1, 0\]\)"),
+    ((torch.zeros(0, 5, dtype=torch.long),), {}, r"input_ids has an empty batch"),
+    ((PROMPT.float(),), {}, r"input_ids must be an integer tensor .*; got dtype torch.float32"),
+    ((PROMPT.tolist(),), {}, r"input_ids must be a torch.Tensor of token ids; got list"),
+    ((PROMPT,), dict(max_new_tokens=True), r"max_new_tokens=True is invalid: must be a positive integer"),
+    ((PROMPT,), dict(block_length=True), r"block_length=True is invalid"),
+    ((PROMPT + 600,), {}, r"input_ids row 0 holds token id\(s\) \[602, 603, 605, .*outside the vocabulary "
+                          r"\(allowed: 0 to 511, vocab_size=512\)"),
+    ((PROMPT - 10,), {}, r"input_ids row 0 holds token id\(s\) \[-8, -7, -5, -3, -2\] outside the vocabulary"),
+])
+def test_bad_inputs_raise_naming_the_argument_and_change_nothing(tiny_model, args, kwargs, message):
+    baseline = _baseline(tiny_model)
+    forwards = []
+    observer = type("O", (), {"on_forward": lambda self, k, b, i: forwards.append(k)})()
+    with pytest.raises(ValueError, match=message):
+        tiny_model.generate(*args, observers=[observer], **{"max_new_tokens": 8, "block_length": 8, **kwargs})
+    assert forwards == []  # refused before any forward
+    assert torch.equal(_baseline(tiny_model), baseline)
+
+
+def test_one_dimensional_prompt_and_mask_are_one_row(tiny_model):
+    out = tiny_model.generate(PROMPT[0], attention_mask=ONES[0], max_new_tokens=8, block_length=8)
+    assert torch.equal(out, _baseline(tiny_model))
+    assert out.dtype == torch.long
