@@ -20,6 +20,7 @@ treats the model as able to generate (``can_generate``) and does not graft its o
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
@@ -89,9 +90,14 @@ class DiffusionGenerationMixin:
                 local_files_only=local_files_only, token=token, revision=revision, subfolder=subfolder,
                 _from_auto=from_auto_class, _from_pipeline=from_pipeline,
             )
-        except OSError:
-            logger.info("no generation_config.json at %s; using block-diffusion defaults",
-                        pretrained_model_name_or_path)
+        except OSError as error:
+            local = os.path.join(str(pretrained_model_name_or_path), subfolder or "", "generation_config.json")
+            if os.path.isfile(local):  # there but unreadable: say so instead of silently using defaults
+                logger.warning("%s could not be read (%s); generate uses block-diffusion defaults instead",
+                               local, error)
+            else:
+                logger.info("no generation_config.json at %s; using block-diffusion defaults",
+                            pretrained_model_name_or_path)
 
     # ---- generate ----------------------------------------------------------------------------
     @torch.no_grad()

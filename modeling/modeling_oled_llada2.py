@@ -12,6 +12,7 @@ nothing of where expert weights live.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +24,7 @@ from transformers.utils import ModelOutput
 
 from .auto_map import AUTO_MAP, CODE_VERSION, warn_on_code_version, write_model_code
 from .cache import BlockKVCache
-from .checkpoint_files import EXPERT_KEY, check_checkpoint_files, check_loading_info
+from .checkpoint_files import EXPERT_KEY, check_checkpoint_files, check_loading_info, check_local_index
 from .configuration_oled_llada2 import OledLLaDA2Config
 from .experts import RESIDENT_EXECUTOR, ExpertsExecutor
 from .generation_oled_llada2 import DiffusionGenerationMixin
@@ -429,6 +430,8 @@ class OledLLaDA2ForDiffusionLM(OledLLaDA2PreTrainedModel, DiffusionGenerationMix
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
+        if args and isinstance(args[0], (str, os.PathLike)):  # local folder: its index, before Transformers
+            check_local_index(os.path.join(args[0], kwargs.get("subfolder") or ""))
         model = super().from_pretrained(*args, **kwargs)
         warn_on_code_version(model.config)
         offload = model.__dict__.pop("_pending_offload", None)

@@ -152,10 +152,11 @@ def offload_row(c: Measured, reference, full: Measured) -> Row:
 
 def benchmark(args: argparse.Namespace) -> int:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     import oled_hf  # noqa: F401
 
+    from ..checkpoints.tokenizer import load_tokenizer
     from ..modeling.experts import LOOP_EXECUTOR
     from ..offload.config import OffloadConfig
 
@@ -164,7 +165,7 @@ def benchmark(args: argparse.Namespace) -> int:
     load = dict(device_map=args.device)
     if args.dtype:
         load["dtype"] = getattr(torch, args.dtype)
-    tok = AutoTokenizer.from_pretrained(args.model)
+    tok = load_tokenizer(args.model)
     inputs = encode_prompts(tok, args.prompt or DEFAULT_PROMPTS)
     full = Measured("full residency", AutoModelForCausalLM.from_pretrained(args.model, **load).eval())
     configs = [full]

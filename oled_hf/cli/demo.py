@@ -44,18 +44,19 @@ def default_model_and_prompts() -> tuple[Path, list[str] | None]:
 
 def demo(args: argparse.Namespace) -> int:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     import oled_hf
 
     from ..checkpoints.factory import make_checkpoint
+    from ..checkpoints.tokenizer import load_tokenizer
 
     path, prompts = (Path(args.model), None) if args.model else default_model_and_prompts()
     if not (path / "config.json").is_file():
         make_checkpoint(path, preset="tiny", seed=0)
         print(f"made a random-weight tiny checkpoint at {path}")
     prompts = args.prompt or prompts or DEFAULT_PROMPTS
-    tok = AutoTokenizer.from_pretrained(path)
+    tok = load_tokenizer(path)
     config = oled_hf.OffloadConfig(cache_ratio=args.cache_ratio, policy=args.policy)
     resident = AutoModelForCausalLM.from_pretrained(path).eval()
     offloaded = AutoModelForCausalLM.from_pretrained(path, offload_config=config).eval()

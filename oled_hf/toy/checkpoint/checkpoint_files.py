@@ -98,6 +98,21 @@ def read_index(path: str | os.PathLike) -> dict[str, str]:
     return weight_map
 
 
+def check_local_index(folder: str | os.PathLike) -> None:
+    """A local checkpoint folder's shard index must parse and name only shards that exist.
+
+    Transformers parses the index before any hook runs and reports bad JSON without the file's
+    name, so ``from_pretrained`` calls this first for local folders.
+    """
+    index_path = Path(folder) / INDEX_NAME
+    if not index_path.is_file():
+        return
+    shards = sorted(set(read_index(index_path).values()))
+    absent = [name for name in shards if not (Path(folder) / name).is_file()]
+    if absent:
+        raise CheckpointError(f"{index_path}: lists shard(s) {', '.join(absent)} that are not in {Path(folder)}")
+
+
 def check_json_file(path: str | os.PathLike, what: str) -> None:
     """Raise ``CheckpointError`` naming ``path`` if it exists and is not a JSON object."""
     if not os.path.isfile(path):
