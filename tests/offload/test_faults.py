@@ -35,6 +35,16 @@ def _fail_on_call(fn, n):
     return wrapped
 
 
+def _counted(fn, calls, n):
+    def wrapped(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == n:
+            raise InjectedFault(f"injected failure on CPU-expert call {n}")
+        return fn(*args, **kwargs)
+
+    return wrapped
+
+
 @pytest.fixture(scope="module")
 def reference(tiny_model):
     return tiny_model.generate(PROMPT, **GEN)
@@ -50,12 +60,17 @@ def test_failed_copy_or_cpu_expert_keeps_cache_consistent(tiny_path, reference, 
         if target == "copy":
             original = rt.cache._copy
             rt.cache._copy = _fail_on_call(original, n)
-        else:
-            original = rt.store.weights
-            rt.store.weights = _fail_on_call(original, n)
+        else:  # the n-th layer call computing CPU experts, whichever MoE layer it is
+            calls = [0]
+            for block in model.moe_blocks():
+                block.experts_executor._cpu_experts = _counted(block.experts_executor._cpu_experts, calls, n)
         with pytest.raises(InjectedFault):
             model.generate(PROMPT, **GEN)
-        setattr(rt.cache if target == "copy" else rt.store, "_copy" if target == "copy" else "weights", original)
+        if target == "copy":
+            rt.cache._copy = original
+        else:
+            for block in model.moe_blocks():
+                del block.experts_executor._cpu_experts  # back to the class's method
         rt.controller.state.check_invariants(rt.cache.slot_tags)
         assert torch.equal(model.generate(PROMPT, **GEN), reference), (policy, cache_size, cpu, target, n)
         rt.controller.state.check_invariants(rt.cache.slot_tags)
