@@ -364,9 +364,10 @@ def block_iteration_cap(block_length: int, post_steps: int = 0) -> int:
 
 
 def check_finite(logits: torch.Tensor, masked: torch.Tensor, block: int, iteration: int) -> None:
-    """Refuse NaN/inf logits at masked positions: their confidence never passes a threshold, so
-    nothing would ever commit. Names the forward (block, iteration) and the rows affected."""
-    bad = ~torch.isfinite(logits).all(-1) & masked
+    """Refuse logits at masked positions that give no distribution (NaN, +inf, or every entry -inf):
+    their confidence is NaN and never passes a threshold, so nothing would ever commit. A -inf for
+    some tokens is a legitimate ban and passes. Names the forward (block, iteration) and the rows."""
+    bad = (logits.isnan().any(-1) | logits.isposinf().any(-1) | logits.isneginf().all(-1)) & masked
     if bool(bad.any()):
         rows = torch.nonzero(bad.any(-1)).flatten().tolist()
         raise FloatingPointError(
