@@ -34,3 +34,32 @@ def tiny_tokenizer(tiny_path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_path)
+
+
+@pytest.fixture
+def copy_checkpoint(tiny_path, tmp_path):
+    """A fresh copy of the tiny checkpoint with tensors replaced (a tensor), dropped (None) or kept.
+
+    ``copy_checkpoint({"lm_head.weight": None})`` returns the folder; tensors stay in their shards.
+    """
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    def make(edits: dict | None = None, name: str = "ckpt"):
+        out = tmp_path / name
+        shutil.copytree(tiny_path, out)
+        index = json.loads((out / "model.safetensors.index.json").read_text())
+        for shard in sorted({index["weight_map"][k] for k in (edits or {}) if k in index["weight_map"]}):
+            tensors = load_file(out / shard)
+            for key, value in (edits or {}).items():
+                if index["weight_map"].get(key) == shard:
+                    if value is None:
+                        del tensors[key]
+                    else:
+                        tensors[key] = value
+            save_file(tensors, out / shard, metadata={"format": "pt"})
+        return out
+
+    return make

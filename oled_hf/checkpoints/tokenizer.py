@@ -152,3 +152,29 @@ def save_llada2_tokenizer(tokenizer_object: Tokenizer, out_dir: str | os.PathLik
     out.mkdir(parents=True, exist_ok=True)
     wrapped.save_pretrained(str(out))
     return AutoTokenizer.from_pretrained(str(out))
+
+
+def load_tokenizer(path: str | os.PathLike, **kwargs):
+    """``AutoTokenizer.from_pretrained`` whose errors on a damaged local folder name the file.
+
+    The tokenizers library reports a corrupt ``tokenizer.json`` as a bare JSON error; checking the
+    folder's JSON files first (and labelling any other failure with the folder) tells the user
+    which file to fix.
+    """
+    from transformers import AutoTokenizer
+
+    from ..modeling.checkpoint_files import CheckpointError, check_json_file
+
+    folder = Path(path)
+    if not folder.is_dir():
+        return AutoTokenizer.from_pretrained(str(path), **kwargs)
+    for name, what in (("tokenizer.json", "tokenizer file"), ("tokenizer_config.json", "tokenizer config"),
+                       ("special_tokens_map.json", "special-tokens map")):
+        check_json_file(folder / name, what)
+    try:
+        return AutoTokenizer.from_pretrained(str(path), **kwargs)
+    except OSError:
+        raise
+    except Exception as error:  # tokenizers raises plain Exception for a malformed tokenizer.json
+        raise CheckpointError(f"{folder}: the tokenizer (tokenizer.json, tokenizer_config.json) could not be "
+                              f"loaded: {error}") from error

@@ -165,10 +165,11 @@ def offload_row(c: Measured, reference, full: Measured) -> Row:
 
 def benchmark(args: argparse.Namespace) -> int:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     import oled_hf  # noqa: F401
 
+    from ..checkpoints.tokenizer import load_tokenizer
     from ..modeling.experts import LOOP_EXECUTOR
     from ..offload.config import OffloadConfig
 
@@ -179,7 +180,7 @@ def benchmark(args: argparse.Namespace) -> int:
     load = dict(device_map=device)
     if args.dtype:
         load["dtype"] = getattr(torch, args.dtype)
-    tok = AutoTokenizer.from_pretrained(path)
+    tok = load_tokenizer(path)
     inputs = encode_prompts(tok, args.prompt or DEFAULT_PROMPTS)
     full = Measured("full residency", AutoModelForCausalLM.from_pretrained(path, **load).eval())
     configs = [full]

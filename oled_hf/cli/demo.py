@@ -48,13 +48,15 @@ def default_prompts(path: Path) -> list[str]:
 
 def demo(args: argparse.Namespace) -> int:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     import oled_hf
 
+    from ..checkpoints.tokenizer import load_tokenizer
+
     path = resolve_model(args.model)  # never created here: a folder the user named is only read
     prompts = args.prompt or default_prompts(path)
-    tok = AutoTokenizer.from_pretrained(path)
+    tok = load_tokenizer(path)
     config = oled_hf.OffloadConfig(cache_ratio=args.cache_ratio, policy=args.policy)
     resident = AutoModelForCausalLM.from_pretrained(path).eval()
     offloaded = AutoModelForCausalLM.from_pretrained(path, offload_config=config).eval()

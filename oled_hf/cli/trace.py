@@ -88,10 +88,11 @@ def read_prompts(path: str) -> list[str]:
 
 def record(args: argparse.Namespace) -> int:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     import oled_hf  # noqa: F401
 
+    from ..checkpoints.tokenizer import load_tokenizer
     from ..sim.recorder import TraceRecorder
 
     path = resolve_model(args.model)
@@ -101,7 +102,7 @@ def record(args: argparse.Namespace) -> int:
         raise ValueError(f"--batch-size {args.batch_size} is invalid: must be >= 1")
     prompts = read_prompts(args.prompts)[: args.limit]
     model = AutoModelForCausalLM.from_pretrained(path, device_map=resolve_device(args.device)).eval()
-    tok = AutoTokenizer.from_pretrained(path)
+    tok = load_tokenizer(path)
     gen = {k: v for k, v in dict(block_length=args.block_length, max_new_tokens=args.max_new_tokens,
                                   threshold=args.threshold, decoding=args.decoding,
                                   editing_threshold=args.editing_threshold,

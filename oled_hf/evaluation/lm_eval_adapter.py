@@ -60,9 +60,11 @@ def split_offload_args(kwargs: dict) -> tuple[dict, dict]:
 
 def load_model(pretrained: str, *, device: str | None = None, dtype="auto", offload: dict | None = None):
     """Model (``eval()``) and tokenizer; ``offload`` kwargs build an ``OffloadConfig`` when they name a budget."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     import oled_hf
+
+    from ..checkpoints.tokenizer import load_tokenizer
 
     kwargs: dict = {"dtype": _dtype(dtype)}
     offload = dict(offload or {})
@@ -81,7 +83,7 @@ def load_model(pretrained: str, *, device: str | None = None, dtype="auto", offl
     if device != "cpu":
         kwargs["device_map"] = device
     model = AutoModelForCausalLM.from_pretrained(pretrained, **kwargs).eval()
-    tokenizer = AutoTokenizer.from_pretrained(pretrained)
+    tokenizer = load_tokenizer(pretrained)
     return model, tokenizer
 
 

@@ -5,12 +5,18 @@ routed-expert bytes than that. Which expert sits in which slot is the planner's 
 (``CacheState``); this class only moves bytes. On CUDA, copies run on a side stream from pinned
 memory and each slot carries an event, so compute waits for exactly the copy it needs while
 other copies and compute overlap; on the CPU the same calls copy synchronously.
+
+Each slot carries a tag, ``slot_tags[slot] = (layer, expert)``, written only once that expert's
+copy has been issued without error (``(-1, -1)`` while a copy is in flight or after one failed):
+the ground truth ``CacheState.check_invariants`` and ``CacheState.reconcile`` compare the
+bookkeeping against.
 """
 
 from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 
 from .store import ExpertStore, split_expert
@@ -28,6 +34,7 @@ class ExpertCache:
         self.in_use: dict[int, torch.cuda.Event] = {}  # slot -> compute reading it has finished
         self.copy_seconds = 0.0
         self.bytes_copied = 0
+        self.slot_tags = np.full((total_slots, 2), -1, dtype=np.int64)  # (layer, expert) each slot holds
 
     @property
     def pool_bytes(self) -> int:
@@ -37,6 +44,7 @@ class ExpertCache:
         """Copy an expert from the store into ``slot``; asynchronous on CUDA."""
         start = time.perf_counter()
         dst = self.pool[slot]
+        self.slot_tags[slot] = -1  # overwritten from here on: holds no whole expert until the copy is done
         if self.cuda:
             # Compute queued earlier may still read this slot's previous expert: wait for it only.
             if slot in self.in_use:
@@ -48,6 +56,7 @@ class ExpertCache:
             self.ready[slot] = event
         else:
             self._copy(dst, layer, expert, non_blocking=False)
+        self.slot_tags[slot] = (layer, expert)
         self.copy_seconds += time.perf_counter() - start
         self.bytes_copied += self.store.expert_bytes
 

@@ -96,6 +96,10 @@ class CacheController(IterationObserver):
             self.allocator.observe(layer, counts)
         return plan
 
+    def recover(self, slot_tags: Any) -> list[tuple[int, int]]:
+        """After a failed access: drop residency the slots do not hold (``CacheState.reconcile``)."""
+        return self.state.reconcile(slot_tags)
+
     # ------------------------------------------------------------------ events
     def on_block_start(self, block_index: int, token_ids: Any) -> None:
         self.policy.on_block_start(block_index, token_ids)

@@ -85,6 +85,15 @@ class OffloadedExpertsExecutor:
         self.moe_index = moe_index
 
     def __call__(self, moe_block, hidden_states, topk_ids, topk_weights):
+        try:
+            return self._run(moe_block, hidden_states, topk_ids, topk_weights)
+        except BaseException:
+            # The plan recorded its copies before they ran: keep only what the slots really hold,
+            # so the next forward neither trusts a failed copy nor loses the tokens it would give.
+            self.runtime.controller.recover(self.runtime.cache.slot_tags)
+            raise
+
+    def _run(self, moe_block, hidden_states, topk_ids, topk_weights):
         rt, layer = self.runtime, self.moe_index
         clock = time.perf_counter
         t0 = clock()

@@ -361,8 +361,35 @@ class CacheState:
             policy.set_capacities(self.capacities)
         return released
 
-    def check_invariants(self) -> None:
-        """Raise AssertionError if the bookkeeping is inconsistent (used by tests)."""
+    def reconcile(self, slot_tags: np.ndarray) -> list[tuple[int, int]]:
+        """Forget residency that the slots' contents do not back; returns the (layer, expert) dropped.
+
+        ``plan`` records its copies before the executor performs them, so a copy (or a CPU expert,
+        or anything else) failing mid-access leaves slots recorded with experts they do not hold.
+        After such a failure the caller passes the cache's per-slot tags (``ExpertCache.slot_tags``,
+        ``[total_slots, 2]`` of (layer, expert), -1 where no complete copy landed); every resident
+        expert whose slot's tag disagrees becomes non-resident and its slot free again.
+        """
+        dropped = []
+        for layer in range(self.num_layers):
+            slot_of = self._slot_of[layer]
+            stale = [e for e, s in slot_of.items() if tuple(slot_tags[s].tolist()) != (layer, e)]
+            for e in stale:
+                slot = slot_of.pop(e)
+                self._resident[layer, e] = self._unhit[layer, e] = False
+                self.slot_expert[slot] = -1
+                self._free[layer].append(slot)
+                dropped.append((layer, e))
+            if stale:
+                self._free[layer].sort(reverse=True)  # lowest slot id is popped first, as at start
+        return dropped
+
+    def check_invariants(self, slot_tags: np.ndarray | None = None) -> None:
+        """Raise AssertionError if the bookkeeping is inconsistent (used by tests).
+
+        With ``slot_tags`` (``ExpertCache.slot_tags``) it also checks that every resident expert's
+        slot really holds that expert's weights, not another's or a half-finished copy.
+        """
         seen: set[int] = set()
         for l in range(self.num_layers):
             owned = set(np.flatnonzero(self.slot_owner == l).tolist())
@@ -376,5 +403,9 @@ class CacheState:
             seen |= owned
             for e, s in self._slot_of[l].items():
                 assert self.slot_expert[s] == e and self._resident[l, e], f"layer {l}: expert {e} slot mismatch"
+                if slot_tags is not None:
+                    tag = tuple(slot_tags[s].tolist())
+                    held = "no complete expert" if tag[0] < 0 else f"layer {tag[0]} expert {tag[1]}"
+                    assert tag == (l, e), f"layer {l}: slot {s} is recorded as expert {e} but holds {held}"
             assert int(self._resident[l].sum()) == len(self._slot_of[l]), f"layer {l}: residency mask mismatch"
         assert sum(self.capacities) == self.total_slots == len(seen), "slot pool size changed"

@@ -15,14 +15,14 @@ they are never materialised on the device outside the cache pool. Two layouts:
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from ..modeling import checkpoint_files
 
 EXPERT_KEY = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 PARTS = ("gate_proj", "up_proj", "down_proj")
@@ -30,12 +30,8 @@ SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch
 
 
 def read_safetensors_header(path: str | os.PathLike) -> tuple[dict, int]:
-    """The JSON header and the byte offset where tensor data starts."""
-    with open(path, "rb") as f:
-        (size,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(size))
-    header.pop("__metadata__", None)
-    return header, 8 + size
+    """The JSON header and the byte offset where tensor data starts; a damaged file raises naming it."""
+    return checkpoint_files.read_safetensors_header(path)
 
 
 @dataclass
@@ -89,9 +85,11 @@ class ExpertStore:
         expected = {(layer, e, part) for layer in layer_ids for e in range(num_experts) for part in PARTS}
         missing = sorted(expected - set(locations))
         if missing:
-            layer, e, part = missing[0]
-            raise ValueError(f"checkpoint lacks {len(missing)} routed-expert tensors, e.g. "
-                             f"model.layers.{layer}.mlp.experts.{e}.{part}.weight")
+            names = ", ".join(f"model.layers.{layer}.mlp.experts.{e}.{part}.weight" for layer, e, part in missing[:4])
+            raise checkpoint_files.CheckpointError(
+                f"{Path(files[0]).parent}: the checkpoint lacks {len(missing)} routed-expert tensor(s) the offloaded "
+                f"model needs: {names}{' and more' if len(missing) > 4 else ''} (strict=False cannot fill "
+                "offloaded experts)")
         if mode == "mmap":
             store._map_views(locations)
         else:

@@ -131,9 +131,11 @@ class _Abort(IterationObserver):
 
 def load_model(path: str, device: str = "auto", cache_size: int | None = None, policy: str | None = None):
     """Load model and tokenizer once. ``offload_config`` is passed only when ``cache_size`` is given."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     import oled_hf  # noqa: F401  (registers the Auto classes)
+
+    from ..checkpoints.tokenizer import load_tokenizer
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -147,7 +149,7 @@ def load_model(path: str, device: str = "auto", cache_size: int | None = None, p
     if device != "cpu":
         kwargs["device_map"] = device
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = load_tokenizer(path)
     return model, tokenizer
 
 

@@ -183,10 +183,11 @@ def evaluate_checkpoint(
 
 
 def main(argv: list[str] | None = None) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     import oled_hf  # noqa: F401  (registers the model with the Auto classes)
 
+    from ..checkpoints.tokenizer import load_tokenizer
     from . import TOY_CHECKPOINT
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -199,7 +200,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     model = AutoModelForCausalLM.from_pretrained(args.checkpoint).eval()
-    tokenizer = AutoTokenizer.from_pretrained(args.checkpoint)
+    tokenizer = load_tokenizer(args.checkpoint)
     report = evaluate_checkpoint(
         model, tokenizer, n=args.n, block_length=args.block_length, threshold=args.threshold,
         max_new_tokens=args.max_new_tokens, routing_stats=True,
