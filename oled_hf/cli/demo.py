@@ -15,7 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=None, help="checkpoint folder (default: the trained toy model if shipped, "
                    "else ./tiny, made with make-tiny if missing)")
     p.add_argument("--prompt", action="append", help="prompt (repeatable); default: sample prompts")
-    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default: the model's generation config")
     p.add_argument("--block-length", type=int, default=None)
     p.add_argument("--threshold", type=float, default=None)
     p.add_argument("--cache-ratio", type=float, default=0.4, help="fraction of routed-expert bytes on the device")
@@ -24,17 +24,43 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _check_sum(prompt: str, answer: str) -> str:
-    """For the toy model's addition prompts, say whether the answer is right."""
+    """For the toy models' task prompts (addition; the long-answer tasks), say whether the answer is right."""
+    from ..toy.long.tasks import answer_for
+
     m = re.fullmatch(r"What is (\d+)\+(\d+)\?", prompt.strip())
-    if m is None:
+    expected = str(int(m.group(1)) + int(m.group(2))) if m else answer_for(prompt)
+    if expected is None:
         return ""
-    return "  (correct)" if answer.strip() == str(int(m.group(1)) + int(m.group(2))) else "  (wrong)"
+    return "  (correct)" if answer.strip() == expected else "  (wrong)"
+
+
+class BlockPrinter:
+    """A ``generate`` streamer that prints each finished block as it lands, blocks separated by ``|``."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.prompt_seen, self.blocks = tokenizer, False, 0
+
+    def put(self, value) -> None:
+        if not self.prompt_seen:  # generate hands the prompt first
+            self.prompt_seen = True
+            return
+        text = self.tokenizer.decode(value.reshape(-1), skip_special_tokens=True)
+        print(("|" if self.blocks else "") + text, end="", flush=True)
+        self.blocks += 1
+
+    def end(self) -> None:
+        print(flush=True)
 
 
 def default_model_and_prompts() -> tuple[Path, list[str] | None]:
+    """The long-answer toy (mini's routing shape) if shipped, else the 3-digit toy, else ./tiny."""
     try:
         from ..toy import TOY_CHECKPOINT, demo_prompts
+        from ..toy.long import LONG_CHECKPOINT
+        from ..toy.long import demo_prompts as long_prompts
 
+        if (Path(LONG_CHECKPOINT) / "config.json").is_file():
+            return Path(LONG_CHECKPOINT), long_prompts()
         if (Path(TOY_CHECKPOINT) / "config.json").is_file():
             return Path(TOY_CHECKPOINT), demo_prompts()
     except ImportError:
@@ -64,8 +90,9 @@ def demo(args: argparse.Namespace) -> int:
     print(f"offloading: policy {args.policy}, {stats['total_slots']} expert slots "
           f"({stats['slots_per_layer']:.1f} per MoE layer, {args.cache_ratio:.0%} of routed-expert bytes), "
           f"{stats['pool_bytes'] / 2**20:.2f} MiB on {stats['device']}, store {stats['host_bytes'] / 2**20:.2f} MiB")
-    gen = dict(max_new_tokens=args.max_new_tokens, return_dict_in_generate=True)
-    gen.update({k: v for k, v in dict(block_length=args.block_length, threshold=args.threshold).items() if v})
+    gen = dict(return_dict_in_generate=True)
+    gen.update({k: v for k, v in dict(block_length=args.block_length, threshold=args.threshold,
+                                      max_new_tokens=args.max_new_tokens).items() if v})
     warm = tok("warm up", return_tensors="pt")
     for model in (resident, offloaded):  # first calls pay one-off costs; keep them out of the timing
         model.generate(**warm, max_new_tokens=4, block_length=4)
@@ -76,15 +103,16 @@ def demo(args: argparse.Namespace) -> int:
         inputs = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                          return_tensors="pt", return_dict=True)
         outs = {}
-        for name, model in (("resident", resident), ("offloaded", offloaded)):
+        print(f"\nuser: {prompt}\nstreaming (offloaded, blocks separated by |): ", end="")
+        for name, model in (("offloaded", offloaded), ("resident", resident)):
             start = time.perf_counter()
-            outs[name] = model.generate(**inputs, **gen)
+            outs[name] = model.generate(**inputs, **gen, streamer=BlockPrinter(tok) if name == "offloaded" else None)
             times[name] += time.perf_counter() - start
         out = outs["offloaded"]
         same &= torch.equal(out.sequences, outs["resident"].sequences)
         tokens += out.sequences.shape[1] - inputs["input_ids"].shape[1]
         answer = tok.decode(out.sequences[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
-        print(f"\nuser: {prompt}\nassistant: {answer!r}{_check_sum(prompt, answer)}")
+        print(f"assistant: {answer!r}{_check_sum(prompt, answer)}")
         print(f"  {int(out.iterations[0])} iterations over {int(out.blocks[0])} blocks, "
               f"{float(out.tokens_per_forward[0]):.2f} tokens per forward")
     total = offloaded.offload_stats()["total"]

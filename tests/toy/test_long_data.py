@@ -109,3 +109,12 @@ def test_committed_eval_data_is_current(tmp_path):
     committed = Path(__file__).resolve().parents[2] / "eval" / "tasks" / "long_answer" / "data"
     for name, path in write_jsonl(tmp_path, DEFAULT_MIX, n_train=50, n_heldout=200).items():
         assert (committed / f"{name}.jsonl").read_text() == path.read_text(), name
+
+
+def test_answer_for_solves_every_task():
+    from oled_hf.toy.long.tasks import answer_for
+
+    for spec in DEFAULT_MIX:
+        for p in heldout_problems(spec, 20):
+            assert answer_for(p.question) == p.answer
+    assert answer_for("What is 1+2?") is None

@@ -191,3 +191,20 @@ def train_problems(spec: TaskSpec, n: int, seed: int = 1) -> list[Problem]:
     """``n`` train-split problems of one task (few-shot pools, smoke tests)."""
     rng = random.Random(f"train:{seed}:{spec}")
     return [spec.sample(rng, heldout=False) for _ in range(n)]
+
+
+def answer_for(question: str) -> str | None:
+    """The correct answer to a question of one of the tasks (None if it is not one): demos check answers."""
+    import re
+
+    q = question.strip()
+    if m := re.fullmatch(r"Reverse (\d+)", q):
+        return m.group(1)[::-1]
+    if m := re.fullmatch(r"Spell (\d+)", q):
+        return " ".join(WORDS[int(c)] for c in m.group(1))
+    if m := re.fullmatch(r"Count (\d+) terms from (\d+) by (\d+)", q):
+        n, start, step = map(int, m.groups())
+        return ",".join(str(start + i * step) for i in range(n))
+    if m := re.fullmatch(r"Add (\d+)\+(\d+)", q):
+        return addition_working(int(m.group(1)), int(m.group(2)))
+    return None
