@@ -6,13 +6,16 @@ server and lm-eval use, with its prefix KV cache). Printed for the shipped decod
 (block 16, threshold 0.95) and for LLaDA2.0-mini's block 32 at threshold 0.9:
 
     python -m oled_hf.toy.long.evaluate [CHECKPOINT] [--n 200] [--settings 16:0.95 32:0.9] [--json OUT]
+                                        [--update-report]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 
@@ -127,6 +130,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=50)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", default=None, help="also write the figures here")
+    parser.add_argument("--update-report", action="store_true",
+                        help="store the figures (and this command) as 'heldout' in the checkpoint's long_report.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     model = AutoModelForCausalLM.from_pretrained(args.checkpoint).eval()
@@ -139,9 +144,18 @@ def main(argv: list[str] | None = None) -> None:
         results.append(r)
         print(format_table(r), flush=True)
         print()
+    record = {"command": ["python", "-m", "oled_hf.toy.long.evaluate", *(argv if argv is not None else sys.argv[1:])],
+              "n_per_task": args.n, "torch": torch.__version__, "results": results}
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"checkpoint": args.checkpoint, "n_per_task": args.n, "results": results}, f, indent=2)
+            json.dump(record, f, indent=2)
+    if args.update_report:
+        from . import REPORT_NAME
+
+        path = Path(args.checkpoint) / REPORT_NAME
+        report = json.loads(path.read_text()) if path.is_file() else {}
+        report["heldout"] = record
+        path.write_text(json.dumps(report, indent=2) + "\n")
 
 
 __all__ = ["TaskFigures", "decode", "evaluate", "format_table", "asdict"]
