@@ -2,9 +2,13 @@
 
 ``official`` is the LLaDA2 HF ``generate`` rule: every masked position whose confidence is
 strictly above the threshold, or else the ``n_s`` most confident ones that the per-block step
-schedule asks for. ``dinfer`` is dInfer's threshold decoder: ``p >= min(threshold, max_p - 1e-5)``,
-no schedule. Both add two guards the references lack: the mask token is never chosen, and an
-iteration with masks left always commits at least one token (dInfer can otherwise loop forever).
+schedule asks for. The schedule spreads ``block_length`` tokens over ``steps`` (as the official
+``get_num_transfer_tokens(block_length, steps)`` does), whatever the block's masked count.
+``dinfer`` is dInfer's threshold decoder: ``p >= min(threshold, max_p - 1e-5)``, no schedule.
+Both add guards the references lack: the mask token is never chosen, an iteration with masks
+left always commits at least one token (dInfer can otherwise loop forever), and the top-``n_s``
+fallback never picks an unmasked position (the official ``topk`` over ``-inf`` confidences
+would, when fewer masks are left than the schedule asks for, and overwrite that token).
 """
 
 from __future__ import annotations
@@ -15,7 +19,10 @@ COMMIT_RULES = ("official", "dinfer")
 
 
 def transfer_schedule(num_masked: torch.Tensor, steps: int) -> torch.Tensor:
-    """Spread each row's masked count evenly over ``steps``, remainder to the first steps: [rows, steps]."""
+    """Spread each row's count evenly over ``steps``, remainder to the first steps: [rows, steps].
+
+    The decoder passes ``block_length`` for every row (the official sizing), not the masked count.
+    """
     base = num_masked // steps
     remainder = num_masked % steps
     schedule = base[:, None].expand(-1, steps).clone()
@@ -84,3 +91,16 @@ def commit_dinfer(confidence: torch.Tensor, threshold: float) -> torch.Tensor:
     best = confidence.max(dim=-1, keepdim=True).values
     cut = torch.clamp(best - 1e-5, max=threshold)
     return (confidence >= cut) & masked
+
+
+def edit_positions(ids: torch.Tensor, prob: torch.Tensor, tokens: torch.Tensor, editable: torch.Tensor,
+                   editing_threshold: float) -> torch.Tensor:
+    """LLaDA2.1 token editing: bool [rows, B] of decoded tokens to replace by this iteration's candidate.
+
+    ``editable`` marks tokens decoded before this iteration that are not prompt (and belong to a row
+    still decoding the block). A token is replaced when the candidate differs from it and the
+    candidate's probability is strictly above ``editing_threshold``: the rule of the diffusers
+    ``BlockRefinementScheduler`` / dllm LLaDA2.1 sampler reimplementations (shared/docs/llada2.md
+    §5.5). Candidates never are the mask token (``choose_tokens``), so an edit never re-masks.
+    """
+    return editable & (ids != tokens) & (prob > editing_threshold)

@@ -59,6 +59,11 @@ class OledLLaDA2Config(PreTrainedConfig):
     norm_softmax: bool = False
     norm_head: bool = False
     router_dtype: str = "fp32"
+    # False (default): ``expert_bias`` takes the load dtype like every other tensor, as the official
+    # Transformers loader does (bf16 under ``dtype=bfloat16``; the router still adds it in fp32).
+    # True: keep it fp32 whatever the load dtype (dInfer's loaders cast it back to fp32). The two
+    # route differently in bf16 because selection margins are smaller than bf16's step.
+    router_bias_fp32: bool = False
     output_router_logits: bool = False
     max_window_layers: int = 28
     use_sliding_window: bool = False

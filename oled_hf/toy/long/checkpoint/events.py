@@ -23,7 +23,14 @@ class IterationEvent:
     masked: torch.Tensor  # bool: masked at the start of this iteration
     confidence: torch.Tensor  # float32: p(argmax) at positions masked at start, else 1.0 (decoded)
     committed: torch.Tensor  # bool: committed in this iteration
-    token_ids: torch.Tensor  # long: block tokens after this iteration's commits
+    token_ids: torch.Tensor  # long: block tokens after this iteration's commits and edits
+    # bool: decoded tokens replaced in this iteration (LLaDA2.1 editing); None from producers that
+    # predate editing (read as no edits). Edited positions are neither masked nor committed.
+    edited: torch.Tensor | None = None
+
+    def edited_or_none(self) -> torch.Tensor:
+        """``edited``, or all False where the producer recorded no edits."""
+        return self.edited if self.edited is not None else torch.zeros_like(self.committed)
 
 
 class IterationObserver:

@@ -3,7 +3,17 @@
 Semantics follow the official LLaDA2 ``generate`` (shared/docs/llada2.md §5.1) with dInfer's
 prefix KV cache (§5.2): prefill once over the prompt's complete blocks; each iteration forwards
 only the current block against the cached prefix; after a block is final, one refresh forward
-writes its clean KV. The mixin's name contains "GenerationMixin" on purpose: Transformers then
+writes its clean KV (skipped when the last iteration changed nothing, dInfer's rule).
+
+Where each behaviour comes from: the commit rule, its per-step schedule (sized by
+``block_length``) and the EOS cut are the official LLaDA2.0 ``generate`` (§5.1); the cache and the
+``dinfer`` commit rule are dInfer's (§5.2); LLaDA2.1 token editing (``editing_threshold``,
+``max_post_steps``, the ``quality``/``speed`` presets) is the rule the diffusers
+``BlockRefinementScheduler`` and the dllm LLaDA2.1 sampler reimplement (§5.5): the official 2.1
+remote code was not among our sources. Our own additions: the mask token is never chosen, and
+rows of a batch decode (and edit) independently on a shared block grid.
+
+The mixin's name contains "GenerationMixin" on purpose: Transformers then
 treats the model as able to generate (``can_generate``) and does not graft its own mixin on.
 """
 
@@ -17,7 +27,7 @@ from transformers import GenerationConfig
 from transformers.utils import ModelOutput
 
 from .canvas import build_canvas, prompt_rows
-from .commit import choose_tokens, commit_dinfer, commit_official, transfer_schedule
+from .commit import choose_tokens, commit_dinfer, commit_official, edit_positions, transfer_schedule
 from .events import IterationEvent, IterationObserver
 from .params import DiffusionParams, resolve_params
 
@@ -40,6 +50,8 @@ class DiffusionGenerateOutput(ModelOutput):
     tokens_per_forward: torch.FloatTensor | None = None  # generated tokens / iterations, per row
     blocks: torch.LongTensor | None = None  # blocks each row decoded
     forwards: int | None = None  # model forwards of the call, prefill and KV refreshes included
+    edits: torch.LongTensor | None = None  # decoded tokens replaced by LLaDA2.1 editing, per row
+    edits_per_block: torch.LongTensor | None = None  # [rows, blocks decoded]: edits in each block, in order
 
 
 class DiffusionGenerationMixin:
@@ -175,7 +187,11 @@ class _BlockDecoder:
         self.done = torch.zeros(rows, dtype=torch.bool)
         iterations = torch.zeros(rows, dtype=torch.long)
         blocks = torch.zeros(rows, dtype=torch.long)
+        edits = torch.zeros((rows, c.num_blocks - c.first_block), dtype=torch.long)
         steps = min(p.steps, max(1, p.max_new_tokens // p.minimal_topk))
+        # Sized by block_length, not by the block's masked count (the official rule, §5.1 setup 4):
+        # it differs in a first block that holds the prompt's tail when steps < block_length.
+        self.schedule = transfer_schedule(torch.full((rows,), b_len, dtype=torch.long), steps)
         if self.cache is not None and c.first_block > 0:
             self._forward("prefill", c.first_block, -1, slice(0, c.first_block * b_len), 1)
         for block in range(c.first_block, c.num_blocks):
@@ -185,30 +201,77 @@ class _BlockDecoder:
                 break
             blocks += active
             self._notify("on_block_start", block, c.tokens[:, cols].clone())
-            schedule = transfer_schedule(self._masked(cols).sum(-1), steps)
-            iteration = 0
-            while (masked := self._masked(cols)).any():
-                logits = self._forward("denoise", block, iteration, cols, b_len)
-                committed, ids, prob = self._commit(logits, masked, schedule[:, min(iteration, steps - 1)], iteration,
-                                                    steps)
-                c.tokens[:, cols] = torch.where(committed, ids, c.tokens[:, cols])
-                iterations += masked.any(-1)
-                if p.eos_early_stop:
-                    self._early_stop(committed)
-                if self.observers:
-                    self._notify("on_iteration", IterationEvent(
-                        block, iteration, masked, torch.where(masked, prob, torch.ones_like(prob)), committed,
-                        c.tokens[:, cols].clone()))
-                iteration += 1
+            block_iterations, edits[:, block - c.first_block], stale = self._decode_block(block, cols, active, steps)
+            iterations += block_iterations
             self._finish_block(cols, active)
-            if self.cache is not None and block + 1 < c.num_blocks and not self.done.all():
-                self._forward("refresh", block, iteration, cols, 1)
+            # dInfer's rule (§5.2 step 5): refresh unless the last forward already saw the final tokens
+            # (with editing, a block ends on an iteration that changed nothing).
+            if self.cache is not None and block + 1 < c.num_blocks and not self.done.all() and stale:
+                self._forward("refresh", block, int(block_iterations.max()), cols, 1)
             if streamer is not None:
                 self._stream(streamer, cols)
             self._notify("on_block_end", block, c.tokens[:, cols].clone())
             if self.done.all():
                 break
-        return self._output(input_ids, iterations, blocks)
+        return self._output(input_ids, iterations, blocks, edits)
+
+    def _decode_block(self, block: int, cols: slice, active: torch.Tensor, steps: int):
+        """Denoise one block until each row is final. Returns per-row iterations, per-row edits and
+        whether the block's tokens changed after the last forward (its KV is then stale).
+
+        Without editing (LLaDA2.0) a row's block is final when nothing is masked. With
+        ``editing_threshold`` (LLaDA2.1, §5.5) each row also replaces decoded tokens (``edit_positions``)
+        and keeps iterating: an iteration that starts with nothing masked is a post step, and the row's
+        block is final after such an iteration edits nothing, or before a post step beyond
+        ``max_post_steps``. Rows are independent: a final row is forwarded with the others but never
+        changes again, so it gets the tokens it gets alone. ``eos_early_stop`` stops a row mid-block only
+        without editing (§5.1); with editing an EOS can still be edited away, so, as in the dllm LLaDA2.1
+        sampler, a row stops at the end of the block that holds its EOS. Iterations per block are at most the
+        block's masked count plus ``max_post_steps``: every iteration with masks commits one or more,
+        and an edit never re-masks.
+        """
+        c, p = self.canvas, self.p
+        rows = c.tokens.shape[0]
+        editing = p.editing_threshold is not None
+        cols_idx = torch.arange(cols.start, cols.stop)
+        generated = c.valid[:, cols].bool() & (cols_idx[None, :] >= torch.tensor(c.gen_start)[:, None])
+        open_rows = active.clone()
+        post = torch.zeros(rows, dtype=torch.long)
+        iterations = torch.zeros(rows, dtype=torch.long)
+        edits = torch.zeros(rows, dtype=torch.long)
+        stale, iteration = False, 0
+        while True:
+            masked = self._masked(cols) & open_rows[:, None]
+            has_mask = masked.any(-1)
+            if editing:
+                post += open_rows & ~has_mask
+                open_rows &= (post <= p.max_post_steps) & ~self.done
+            else:
+                open_rows &= has_mask
+            if not open_rows.any():
+                return iterations, edits, stale
+            logits = self._forward("denoise", block, iteration, cols, c.block_length)
+            before = c.tokens[:, cols]
+            committed, ids, prob = self._commit(logits, masked, self.schedule[:, min(iteration, steps - 1)],
+                                                iteration, steps)
+            edited = torch.zeros_like(committed)
+            if editing:
+                editable = generated & ~masked & open_rows[:, None] & ~self.done[:, None]  # decoded, not prompt
+                edited = edit_positions(ids, prob, before, editable, p.editing_threshold)
+            changed = committed | edited
+            c.tokens[:, cols] = torch.where(changed, ids, before)
+            stale = bool(changed.any())
+            iterations += open_rows
+            edits += edited.sum(-1)
+            if p.eos_early_stop and not editing:  # with editing, EOS is checked once the block is final
+                self._early_stop(changed)
+            if self.observers:
+                self._notify("on_iteration", IterationEvent(
+                    block, iteration, masked, torch.where(masked, prob, torch.ones_like(prob)), committed,
+                    c.tokens[:, cols].clone(), edited))
+            iteration += 1
+            if editing:
+                open_rows &= has_mask | edited.any(-1)
 
     def _masked(self, cols: slice) -> torch.Tensor:
         c = self.canvas
@@ -263,7 +326,7 @@ class _BlockDecoder:
         if end > start:
             streamer.put(c.tokens[0, start:end].clone())
 
-    def _output(self, input_ids, iterations, blocks) -> DiffusionGenerateOutput:
+    def _output(self, input_ids, iterations, blocks, edits) -> DiffusionGenerateOutput:
         c, p = self.canvas, self.p
         lengths = (self.cut - torch.tensor(c.gen_start)).clamp(min=0)
         width = int(lengths.max())
@@ -272,8 +335,10 @@ class _BlockDecoder:
             new[i, : int(lengths[i])] = c.tokens[i, g : g + int(lengths[i])]
         sequences = torch.cat([input_ids.cpu(), new], dim=1).to(input_ids.device)
         tpf = lengths.float() / iterations.clamp(min=1).float()
+        decoded = int(blocks.max()) if len(blocks) else 0
         return DiffusionGenerateOutput(sequences=sequences, iterations=iterations, tokens_per_forward=tpf,
-                                       blocks=blocks, forwards=self.forwards)
+                                       blocks=blocks, forwards=self.forwards, edits=edits.sum(-1),
+                                       edits_per_block=edits[:, :decoded])
 
 
 def _stop_string_cut(tokenizer, tokens: torch.Tensor, stop_strings: list[str]) -> int | None:

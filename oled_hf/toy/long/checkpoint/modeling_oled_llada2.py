@@ -207,8 +207,9 @@ class OledLLaDA2Gate(nn.Module):
         super().__init__()
         self.config = config
         self.weight = nn.Parameter(torch.empty(config.num_experts, config.hidden_size))
-        # fp32 even when the model loads in bf16: selection margins are smaller than bf16's step.
-        self.register_buffer("expert_bias", torch.zeros(config.num_experts, dtype=torch.float32))
+        # The load dtype by default (the official loader's behaviour); fp32 with config.router_bias_fp32.
+        dtype = torch.float32 if config.router_bias_fp32 else None
+        self.register_buffer("expert_bias", torch.zeros(config.num_experts, dtype=dtype))
 
     def forward(self, x: torch.Tensor):
         bias = self.expert_bias if self.config.moe_router_enable_expert_bias else None
@@ -282,9 +283,15 @@ class OledLLaDA2PreTrainedModel(PreTrainedModel):
     _no_split_modules = ["OledLLaDA2DecoderLayer"]
     _skip_keys_device_placement = ["past_key_values"]
     _supports_sdpa = True
-    _keep_in_fp32_modules_strict = [r"mlp\.gate\.expert_bias"]
+    # With config.router_bias_fp32, post_init adds r"mlp\.gate\.expert_bias" to the strict fp32 set.
+    _keep_in_fp32_modules_strict = None
     # Offloaded models have no routed-expert modules: those tensors go to the ExpertStore instead.
     _keys_to_ignore_on_load_unexpected = [r"\.mlp\.experts\.\d+\.(gate|up|down)_proj\.weight$"]
+
+    def post_init(self):
+        super().post_init()
+        if getattr(self.config, "router_bias_fp32", False):
+            self._keep_in_fp32_modules_strict.add(r"mlp\.gate\.expert_bias")
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
