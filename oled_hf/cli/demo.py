@@ -29,11 +29,32 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _check_sum(prompt: str, answer: str) -> str:
-    """For the toy model's addition prompts, say whether the answer is right."""
+    """For the toy models' task prompts (addition; the long-answer tasks), say whether the answer is right."""
+    from ..toy.long.tasks import answer_for
+
     m = re.fullmatch(r"What is (\d+)\+(\d+)\?", prompt.strip())
-    if m is None:
+    expected = str(int(m.group(1)) + int(m.group(2))) if m else answer_for(prompt)
+    if expected is None:
         return ""
-    return "  (correct)" if answer.strip() == str(int(m.group(1)) + int(m.group(2))) else "  (wrong)"
+    return "  (correct)" if answer.strip() == expected else "  (wrong)"
+
+
+class BlockPrinter:
+    """A ``generate`` streamer that prints each finished block as it lands, blocks separated by ``|``."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.prompt_seen, self.blocks = tokenizer, False, 0
+
+    def put(self, value) -> None:
+        if not self.prompt_seen:  # generate hands the prompt first
+            self.prompt_seen = True
+            return
+        text = self.tokenizer.decode(value.reshape(-1), skip_special_tokens=True)
+        print(("|" if self.blocks else "") + text, end="", flush=True)
+        self.blocks += 1
+
+    def end(self) -> None:
+        print(flush=True)
 
 
 def default_prompts(path: Path) -> list[str]:
@@ -78,15 +99,16 @@ def demo(args: argparse.Namespace) -> int:
         inputs = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                          return_tensors="pt", return_dict=True)
         outs = {}
-        for name, model in (("resident", resident), ("offloaded", offloaded)):
+        print(f"\nuser: {prompt}\nstreaming (offloaded, blocks separated by |): ", end="")
+        for name, model in (("offloaded", offloaded), ("resident", resident)):
             start = time.perf_counter()
-            outs[name] = model.generate(**inputs, **gen)
+            outs[name] = model.generate(**inputs, **gen, streamer=BlockPrinter(tok) if name == "offloaded" else None)
             times[name] += time.perf_counter() - start
         out = outs["offloaded"]
         same &= torch.equal(out.sequences, outs["resident"].sequences)
         tokens += out.sequences.shape[1] - inputs["input_ids"].shape[1]
         answer = tok.decode(out.sequences[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
-        print(f"\nuser: {prompt}\nassistant: {answer!r}{_check_sum(prompt, answer)}")
+        print(f"assistant: {answer!r}{_check_sum(prompt, answer)}")
         print(f"  {int(out.iterations[0])} iterations over {int(out.blocks[0])} blocks, "
               f"{float(out.tokens_per_forward[0]):.2f} tokens per forward")
     total = offloaded.offload_stats()["total"]

@@ -14,6 +14,9 @@ from pathlib import Path
 from ..offload.config import KNOWN_POLICIES
 
 TASK = "toy_addition"
+# The long-answer toy's tasks (eval/tasks/long_answer) and the budgets its parity check uses.
+LONG_TASKS = ("long_reverse", "long_spell", "long_count", "long_add")
+LONG_BUDGETS = (("cache_ratio", 0.1), ("cache_ratio", 0.4))
 METRIC = "exact_match,none"
 DEFAULT_BUDGETS = (("cache_ratio", 0.4), ("cache_size", 1))
 POLICIES = tuple(p for p in ("oled", "lru", "lfu", "static", "tide") if p in KNOWN_POLICIES)
@@ -41,26 +44,32 @@ def budget_label(key: str, value) -> str:
 
 
 def run_toy(model: str, offload: dict | None = None, *, limit: int | None = None, batch_size: int = 32,
-            data_files: dict | None = None, extra_args: dict | None = None) -> ToyRun:
+            data_files: dict | None = None, extra_args: dict | None = None, tasks: tuple[str, ...] = (TASK,)) -> ToyRun:
+    """One lm-eval run over ``tasks``; answers in task order, accuracy pooled over all problems."""
     from .runner import evaluate, make_lm
 
     args = {**(extra_args or {}), **(offload or {})}
     lm = make_lm(model, args, batch_size=batch_size)
-    results = evaluate(lm, [TASK], limit=limit, log_samples=True, data_files=data_files, bootstrap_iters=0)
-    samples = sorted(results["samples"][TASK], key=lambda s: s["doc_id"])
+    results = evaluate(lm, list(tasks), limit=limit, log_samples=True, data_files=data_files, bootstrap_iters=0)
+    answers: list[str] = []
+    correct = 0.0
+    for task in tasks:
+        samples = sorted(results["samples"][task], key=lambda s: s["doc_id"])
+        answers += [s["filtered_resps"][0] for s in samples]
+        correct += float(results["results"][task][METRIC]) * len(samples)
     stats = results["config"].get("offload")
     return ToyRun(
-        accuracy=float(results["results"][TASK][METRIC]),
-        answers=[s["filtered_resps"][0] for s in samples],
+        accuracy=correct / max(1, len(answers)),
+        answers=answers,
         hit_rate=stats["total"]["hit_rate"] if stats else None,
     )
 
 
 def run_parity(model: str, *, policies=POLICIES, budgets=DEFAULT_BUDGETS, limit: int | None = None,
                batch_size: int = 32, data_files: dict | None = None, extra_args: dict | None = None,
-               echo=None) -> tuple[ToyRun, list[ParityRow]]:
-    """The resident reference and one row per (budget, policy)."""
-    common = dict(limit=limit, batch_size=batch_size, data_files=data_files, extra_args=extra_args)
+               echo=None, tasks: tuple[str, ...] = (TASK,)) -> tuple[ToyRun, list[ParityRow]]:
+    """The resident reference and one row per (budget, policy), over ``tasks`` (lm-eval names)."""
+    common = dict(limit=limit, batch_size=batch_size, data_files=data_files, extra_args=extra_args, tasks=tasks)
     reference = run_toy(model, **common)
     if echo:
         echo(f"resident: accuracy {reference.accuracy:.4f} on {len(reference.answers)} problems")

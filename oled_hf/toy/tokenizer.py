@@ -21,12 +21,16 @@ _WORDS = ("SYSTEM", "HUMAN", "ASSISTANT", "detailed thinking off", "What is 0+0?
 _CORPUS_REPEATS = 4
 
 
-def _corpus() -> list[str]:
-    return [line for _ in range(_CORPUS_REPEATS) for line in _WORDS]
+def _corpus(words: tuple[str, ...]) -> list[str]:
+    return [line for _ in range(_CORPUS_REPEATS) for line in words]
 
 
-def train_toy_bpe() -> Tokenizer:
-    """Byte-level BPE with single-digit numbers, then the special tokens at ids V-6 .. V-1."""
+def train_toy_bpe(words: tuple[str, ...] = _WORDS) -> Tokenizer:
+    """Byte-level BPE with single-digit numbers, then the special tokens at ids V-6 .. V-1.
+
+    ``words`` is the merge corpus: every word in it becomes one token (the long-answer toy passes
+    its own questions' words); anything else is spelled in bytes.
+    """
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
@@ -39,7 +43,7 @@ def train_toy_bpe() -> Tokenizer:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         special_tokens=[],
     )
-    tok.train_from_iterator(_corpus(), trainer=trainer)
+    tok.train_from_iterator(_corpus(words), trainer=trainer)
     base = tok.get_vocab_size()
     tok.add_special_tokens(list(SPECIAL_TOKENS))
     for offset, token in enumerate(SPECIAL_TOKENS):
@@ -47,8 +51,8 @@ def train_toy_bpe() -> Tokenizer:
     return tok
 
 
-def build_toy_tokenizer(out_dir: str | os.PathLike):
+def build_toy_tokenizer(out_dir: str | os.PathLike, words: tuple[str, ...] = _WORDS):
     """Save the toy tokenizer (tokenizer.json, tokenizer_config.json, chat template) and reload it."""
     from ..checkpoints.tokenizer import save_llada2_tokenizer
 
-    return save_llada2_tokenizer(train_toy_bpe(), out_dir)
+    return save_llada2_tokenizer(train_toy_bpe(words), out_dir)

@@ -1,0 +1,38 @@
+"""A second trained toy LLaDA2 MoE, shaped like LLaDA2.0-mini's routing, whose answers span many blocks.
+
+256 routed experts, top-8 over 8 groups keeping 4, one shared expert, layer 0 dense; four
+synthetic tasks (reverse, spell, count, step-by-step addition) with 24-64-token answers, so a
+greedy decode at block 16 / threshold 0.95 runs several blocks of several iterations each: the
+routing traces retention policies are meant for. ``LONG_CHECKPOINT`` is the shipped checkpoint;
+``python -m oled_hf.toy.long.train OUT`` rebuilds it; ``python -m oled_hf.toy.long.evaluate``
+prints its figures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+LONG_CHECKPOINT = Path(__file__).resolve().parent / "checkpoint"
+REPORT_NAME = "long_report.json"
+
+
+def load_mix(checkpoint: str | os.PathLike = LONG_CHECKPOINT):
+    """The task mix a checkpoint was trained on (from its report), else the default mix."""
+    from .tasks import DEFAULT_MIX, parse_mix
+
+    path = Path(checkpoint) / REPORT_NAME
+    if path.is_file():
+        return parse_mix(json.loads(path.read_text())["tasks"])
+    return DEFAULT_MIX
+
+
+def demo_prompts(n_per_task: int = 1) -> list[str]:
+    """Held-out questions of the shipped mix (never seen in training), for demos and traces."""
+    from .tasks import heldout_problems
+
+    return [p.question for spec in load_mix() for p in heldout_problems(spec, n_per_task)]
+
+
+__all__ = ["LONG_CHECKPOINT", "REPORT_NAME", "demo_prompts", "load_mix"]

@@ -1,0 +1,352 @@
+"""``DiffusionGenerationMixin``: block-diffusion ``generate`` for Transformers callers.
+
+Semantics follow the official LLaDA2 ``generate`` (shared/docs/llada2.md §5.1) with dInfer's
+prefix KV cache (§5.2): prefill once over the prompt's complete blocks; each iteration forwards
+only the current block against the cached prefix; after a block is final, one refresh forward
+writes its clean KV (skipped when the last iteration changed nothing, dInfer's rule).
+
+Where each behaviour comes from: the commit rule, its per-step schedule (sized by
+``block_length``) and the EOS cut are the official LLaDA2.0 ``generate`` (§5.1); the cache and the
+``dinfer`` commit rule are dInfer's (§5.2); LLaDA2.1 token editing (``editing_threshold``,
+``max_post_steps``, the ``quality``/``speed`` presets) is the rule the diffusers
+``BlockRefinementScheduler`` and the dllm LLaDA2.1 sampler reimplement (§5.5): the official 2.1
+remote code was not among our sources. Our own additions: the mask token is never chosen, and
+rows of a batch decode (and edit) independently on a shared block grid.
+
+The mixin's name contains "GenerationMixin" on purpose: Transformers then
+treats the model as able to generate (``can_generate``) and does not graft its own mixin on.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from transformers import GenerationConfig
+from transformers.utils import ModelOutput
+
+from .canvas import build_canvas, prompt_rows
+from .commit import choose_tokens, commit_dinfer, commit_official, edit_positions, transfer_schedule
+from .events import IterationEvent, IterationObserver
+from .params import DiffusionParams, resolve_params
+
+logger = logging.getLogger(__name__)
+
+# Arguments Transformers callers may pass that this decoder cannot honour when non-default.
+UNSUPPORTED = {"num_beams": 1, "num_return_sequences": 1, "num_beam_groups": 1, "assistant_model": None}
+IGNORED = ("output_scores", "output_logits", "output_attentions", "output_hidden_states", "synced_gpus",
+           "logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn", "repetition_penalty",
+           "length_penalty", "renormalize_logits", "min_new_tokens", "min_length", "early_stopping",
+           "num_logits_to_keep")
+
+
+@dataclass
+class DiffusionGenerateOutput(ModelOutput):
+    """``sequences`` is prompt + new tokens; per-row decoding statistics come alongside."""
+
+    sequences: torch.LongTensor | None = None
+    iterations: torch.LongTensor | None = None  # denoising iterations each row took part in
+    tokens_per_forward: torch.FloatTensor | None = None  # generated tokens / iterations, per row
+    blocks: torch.LongTensor | None = None  # blocks each row decoded
+    forwards: int | None = None  # model forwards of the call, prefill and KV refreshes included
+    edits: torch.LongTensor | None = None  # decoded tokens replaced by LLaDA2.1 editing, per row
+    edits_per_block: torch.LongTensor | None = None  # [rows, blocks decoded]: edits in each block, in order
+
+
+class DiffusionGenerationMixin:
+    """Adds ``generate`` and iteration observers to a model whose forward takes a ``BlockKVCache``."""
+
+    output_modalities = ("text",)
+
+    # ---- observers -------------------------------------------------------------------------
+    @property
+    def iteration_observers(self) -> list[IterationObserver]:
+        if "_iteration_observers" not in self.__dict__:
+            self.__dict__["_iteration_observers"] = []
+        return self.__dict__["_iteration_observers"]
+
+    def add_iteration_observer(self, observer: IterationObserver) -> None:
+        if observer not in self.iteration_observers:
+            self.iteration_observers.append(observer)
+
+    def remove_iteration_observer(self, observer: IterationObserver) -> None:
+        if observer in self.iteration_observers:
+            self.iteration_observers.remove(observer)
+
+    # ---- generation config loading (Transformers calls this from from_pretrained) ---------
+    def adjust_generation_fn(self, generation_config, from_auto_class, from_pipeline, pretrained_model_name_or_path,
+                             cache_dir=None, force_download=False, proxies=None, local_files_only=False,
+                             token=None, revision=None, subfolder="", trust_remote_code=None, **kwargs):
+        if generation_config is not None:
+            self.generation_config = GenerationConfig.from_dict(generation_config.to_dict())
+            return
+        if pretrained_model_name_or_path is None:
+            return
+        try:
+            self.generation_config = GenerationConfig.from_pretrained(
+                pretrained_model_name_or_path, cache_dir=cache_dir, force_download=force_download, proxies=proxies,
+                local_files_only=local_files_only, token=token, revision=revision, subfolder=subfolder,
+                _from_auto=from_auto_class, _from_pipeline=from_pipeline,
+            )
+        except OSError:
+            logger.info("no generation_config.json at %s; using block-diffusion defaults",
+                        pretrained_model_name_or_path)
+
+    # ---- generate ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(
+        self,
+        inputs: torch.LongTensor | None = None,
+        generation_config: GenerationConfig | None = None,
+        streamer=None,
+        observers: list[IterationObserver] | None = None,
+        generator: torch.Generator | None = None,
+        tokenizer=None,
+        **kwargs,
+    ) -> torch.LongTensor | DiffusionGenerateOutput:
+        input_ids = kwargs.pop("input_ids", None)
+        input_ids = inputs if input_ids is None else input_ids
+        if input_ids is None:
+            raise ValueError("input_ids is required: block diffusion decodes after a non-empty prompt")
+        if input_ids.dim() == 1:
+            input_ids = input_ids.unsqueeze(0)
+        attention_mask = kwargs.pop("attention_mask", None)
+        for alias, name in (("eos_id", "eos_token_id"), ("mask_id", "mask_token_id")):
+            if alias in kwargs:
+                kwargs.setdefault(name, kwargs.pop(alias))
+        prompts = prompt_rows(input_ids, attention_mask)
+        longest = max(int(p.shape[0]) for p in prompts)
+        params = resolve_params(self.config, generation_config or getattr(self, "generation_config", None),
+                                longest, kwargs)
+        self._check_leftover_kwargs(kwargs)
+        if streamer is not None and input_ids.shape[0] != 1:
+            raise ValueError(f"a streamer needs batch size 1; got {input_ids.shape[0]} prompts")
+        if params.stop_strings and tokenizer is None:
+            raise ValueError("stop_strings needs the tokenizer: pass generate(..., tokenizer=tok)")
+        listeners = list(self.iteration_observers) + list(observers or [])
+        decoder = _BlockDecoder(self, params, listeners, generator, tokenizer)
+        if streamer is not None:
+            streamer.put(input_ids.cpu())
+        result = decoder.run(prompts, input_ids, streamer)
+        decoder._notify("on_generate_end")
+        if streamer is not None:
+            streamer.end()
+        return result if params.return_dict_in_generate else result.sequences
+
+    @staticmethod
+    def _check_leftover_kwargs(kwargs: dict) -> None:
+        for name, default in UNSUPPORTED.items():
+            value = kwargs.pop(name, default)
+            if value != default:
+                raise ValueError(f"{name}={value!r} is not supported by block-diffusion generate (only {default!r})")
+        for name in IGNORED:
+            kwargs.pop(name, None)
+        if kwargs:
+            logger.warning("generate ignores unknown arguments: %s", ", ".join(sorted(kwargs)))
+
+
+class _BlockDecoder:
+    """One ``generate`` call's state: the canvas, the KV cache, per-row progress."""
+
+    def __init__(self, model, params: DiffusionParams, observers, generator, tokenizer):
+        self.model, self.p, self.observers = model, params, observers
+        self.generator, self.tokenizer = generator, tokenizer
+        self.forwards = 0
+
+    def _notify(self, hook: str, *args) -> None:
+        for observer in self.observers:
+            fn = getattr(observer, hook, None)
+            if fn is not None:
+                fn(*args)
+
+    def _forward(self, kind: str, block: int, iteration: int, cols: slice, keep: int | None):
+        c, device = self.canvas, self.model.device
+        self._notify("on_forward", kind, block, iteration)
+        self.forwards += 1
+        if self.cache is None:  # recompute the whole prefix under the block-causal mask
+            out = self.model(c.tokens[:, : cols.stop].to(device), attention_mask=c.valid[:, : cols.stop].to(device),
+                             position_ids=c.position_ids[:, : cols.stop].to(device), block_length=c.block_length,
+                             logits_to_keep=keep or 1)
+        else:
+            out = self.model(c.tokens[:, cols].to(device), attention_mask=c.valid[:, : cols.stop].to(device),
+                             position_ids=c.position_ids[:, cols].to(device), past_key_values=self.cache,
+                             cache_start=cols.start, block_length=c.block_length if cols.start == 0 else None,
+                             logits_to_keep=keep or 1)
+        return out.logits.to("cpu")
+
+    def run(self, prompts, input_ids, streamer) -> DiffusionGenerateOutput:
+        from .cache import BlockKVCache
+
+        p = self.p
+        self.canvas = c = build_canvas([q.cpu() for q in prompts], p.max_new_tokens, p.block_length,
+                                       p.mask_token_id, p.pad_token_id)
+        rows, b_len = c.tokens.shape[0], c.block_length
+        self.cache = BlockKVCache(self.model.config.num_hidden_layers, c.tokens.shape[1]) if p.use_cache else None
+        self.cut = torch.tensor([g + p.max_new_tokens for g in c.gen_start])
+        self.done = torch.zeros(rows, dtype=torch.bool)
+        iterations = torch.zeros(rows, dtype=torch.long)
+        blocks = torch.zeros(rows, dtype=torch.long)
+        edits = torch.zeros((rows, c.num_blocks - c.first_block), dtype=torch.long)
+        steps = min(p.steps, max(1, p.max_new_tokens // p.minimal_topk))
+        # Sized by block_length, not by the block's masked count (the official rule, §5.1 setup 4):
+        # it differs in a first block that holds the prompt's tail when steps < block_length.
+        self.schedule = transfer_schedule(torch.full((rows,), b_len, dtype=torch.long), steps)
+        if self.cache is not None and c.first_block > 0:
+            self._forward("prefill", c.first_block, -1, slice(0, c.first_block * b_len), 1)
+        for block in range(c.first_block, c.num_blocks):
+            cols = c.block_slice(block)
+            active = self._masked(cols).any(-1)
+            if not active.any():
+                break
+            blocks += active
+            self._notify("on_block_start", block, c.tokens[:, cols].clone())
+            block_iterations, edits[:, block - c.first_block], stale = self._decode_block(block, cols, active, steps)
+            iterations += block_iterations
+            self._finish_block(cols, active)
+            # dInfer's rule (§5.2 step 5): refresh unless the last forward already saw the final tokens
+            # (with editing, a block ends on an iteration that changed nothing).
+            if self.cache is not None and block + 1 < c.num_blocks and not self.done.all() and stale:
+                self._forward("refresh", block, int(block_iterations.max()), cols, 1)
+            if streamer is not None:
+                self._stream(streamer, cols)
+            self._notify("on_block_end", block, c.tokens[:, cols].clone())
+            if self.done.all():
+                break
+        return self._output(input_ids, iterations, blocks, edits)
+
+    def _decode_block(self, block: int, cols: slice, active: torch.Tensor, steps: int):
+        """Denoise one block until each row is final. Returns per-row iterations, per-row edits and
+        whether the block's tokens changed after the last forward (its KV is then stale).
+
+        Without editing (LLaDA2.0) a row's block is final when nothing is masked. With
+        ``editing_threshold`` (LLaDA2.1, §5.5) each row also replaces decoded tokens (``edit_positions``)
+        and keeps iterating: an iteration that starts with nothing masked is a post step, and the row's
+        block is final after such an iteration edits nothing, or before a post step beyond
+        ``max_post_steps``. Rows are independent: a final row is forwarded with the others but never
+        changes again, so it gets the tokens it gets alone. ``eos_early_stop`` stops a row mid-block only
+        without editing (§5.1); with editing an EOS can still be edited away, so, as in the dllm LLaDA2.1
+        sampler, a row stops at the end of the block that holds its EOS. Iterations per block are at most the
+        block's masked count plus ``max_post_steps``: every iteration with masks commits one or more,
+        and an edit never re-masks.
+        """
+        c, p = self.canvas, self.p
+        rows = c.tokens.shape[0]
+        editing = p.editing_threshold is not None
+        cols_idx = torch.arange(cols.start, cols.stop)
+        generated = c.valid[:, cols].bool() & (cols_idx[None, :] >= torch.tensor(c.gen_start)[:, None])
+        open_rows = active.clone()
+        post = torch.zeros(rows, dtype=torch.long)
+        iterations = torch.zeros(rows, dtype=torch.long)
+        edits = torch.zeros(rows, dtype=torch.long)
+        stale, iteration = False, 0
+        while True:
+            masked = self._masked(cols) & open_rows[:, None]
+            has_mask = masked.any(-1)
+            if editing:
+                post += open_rows & ~has_mask
+                open_rows &= (post <= p.max_post_steps) & ~self.done
+            else:
+                open_rows &= has_mask
+            if not open_rows.any():
+                return iterations, edits, stale
+            logits = self._forward("denoise", block, iteration, cols, c.block_length)
+            before = c.tokens[:, cols]
+            committed, ids, prob = self._commit(logits, masked, self.schedule[:, min(iteration, steps - 1)],
+                                                iteration, steps)
+            edited = torch.zeros_like(committed)
+            if editing:
+                editable = generated & ~masked & open_rows[:, None] & ~self.done[:, None]  # decoded, not prompt
+                edited = edit_positions(ids, prob, before, editable, p.editing_threshold)
+            changed = committed | edited
+            c.tokens[:, cols] = torch.where(changed, ids, before)
+            stale = bool(changed.any())
+            iterations += open_rows
+            edits += edited.sum(-1)
+            if p.eos_early_stop and not editing:  # with editing, EOS is checked once the block is final
+                self._early_stop(changed)
+            if self.observers:
+                self._notify("on_iteration", IterationEvent(
+                    block, iteration, masked, torch.where(masked, prob, torch.ones_like(prob)), committed,
+                    c.tokens[:, cols].clone(), edited))
+            iteration += 1
+            if editing:
+                open_rows &= has_mask | edited.any(-1)
+
+    def _masked(self, cols: slice) -> torch.Tensor:
+        c = self.canvas
+        return (c.tokens[:, cols] == self.p.mask_token_id) & c.valid[:, cols].bool() & ~self.done[:, None]
+
+    def _commit(self, logits, masked, scheduled, iteration, steps):
+        p = self.p
+        ids, prob = choose_tokens(logits, p.mask_token_id, do_sample=p.do_sample, temperature=p.temperature,
+                                  top_k=p.top_k, top_p=p.top_p, generator=self.generator)
+        confidence = torch.where(masked, prob, torch.full_like(prob, float("-inf")))
+        if p.commit_rule == "dinfer":
+            committed = commit_dinfer(confidence, p.threshold)
+        else:
+            # Past the schedule (only reachable with commits behind it), fall back to one per step.
+            committed = commit_official(confidence, scheduled if iteration < steps else torch.ones_like(scheduled),
+                                        p.threshold)
+        return committed & masked, ids, prob
+
+    def _eos_hits(self, row_tokens: torch.Tensor) -> torch.Tensor:
+        return torch.isin(row_tokens, torch.tensor(self.p.eos_token_ids, dtype=torch.long))
+
+    def _early_stop(self, committed: torch.Tensor) -> None:
+        """eos_early_stop: a row stops mid-block once an EOS is committed with nothing masked before it."""
+        c = self.canvas
+        for i in torch.nonzero(committed.any(-1) & ~self.done).flatten().tolist():
+            gen = c.tokens[i, c.gen_start[i] : self.cut[i]]
+            eos = torch.nonzero(self._eos_hits(gen)).flatten()
+            if len(eos) and not bool((gen[: eos[0]] == self.p.mask_token_id).any()):
+                self.cut[i] = c.gen_start[i] + int(eos[0]) + 1
+                self.done[i] = True
+
+    def _finish_block(self, cols: slice, active: torch.Tensor) -> None:
+        """After a block: rows whose output now holds an EOS (or a stop string) are finished."""
+        c = self.canvas
+        for i in torch.nonzero(active & ~self.done).flatten().tolist():
+            end = min(cols.stop, int(self.cut[i]))
+            gen = c.tokens[i, c.gen_start[i] : end]
+            eos = torch.nonzero(self._eos_hits(gen)).flatten()
+            if len(eos):
+                self.cut[i] = c.gen_start[i] + int(eos[0]) + 1
+                self.done[i] = True
+            elif self.p.stop_strings:
+                hit = _stop_string_cut(self.tokenizer, gen, self.p.stop_strings)
+                if hit is not None:
+                    self.cut[i], self.done[i] = c.gen_start[i] + hit, True
+            if end >= int(self.cut[i]):
+                self.done[i] = True
+
+    def _stream(self, streamer, cols: slice) -> None:
+        c = self.canvas
+        start, end = max(cols.start, c.gen_start[0]), min(cols.stop, int(self.cut[0]))
+        if end > start:
+            streamer.put(c.tokens[0, start:end].clone())
+
+    def _output(self, input_ids, iterations, blocks, edits) -> DiffusionGenerateOutput:
+        c, p = self.canvas, self.p
+        lengths = (self.cut - torch.tensor(c.gen_start)).clamp(min=0)
+        width = int(lengths.max())
+        new = torch.full((len(c.gen_start), width), p.pad_token_id, dtype=torch.long)
+        for i, g in enumerate(c.gen_start):
+            new[i, : int(lengths[i])] = c.tokens[i, g : g + int(lengths[i])]
+        sequences = torch.cat([input_ids.cpu(), new], dim=1).to(input_ids.device)
+        tpf = lengths.float() / iterations.clamp(min=1).float()
+        decoded = int(blocks.max()) if len(blocks) else 0
+        return DiffusionGenerateOutput(sequences=sequences, iterations=iterations, tokens_per_forward=tpf,
+                                       blocks=blocks, forwards=self.forwards, edits=edits.sum(-1),
+                                       edits_per_block=edits[:, :decoded])
+
+
+def _stop_string_cut(tokenizer, tokens: torch.Tensor, stop_strings: list[str]) -> int | None:
+    """Smallest token count whose decoded text contains a stop string (None if none does)."""
+    text = tokenizer.decode(tokens, skip_special_tokens=False)
+    if not any(s in text for s in stop_strings):
+        return None
+    for k in range(1, len(tokens) + 1):
+        if any(s in tokenizer.decode(tokens[:k], skip_special_tokens=False) for s in stop_strings):
+            return k
+    return None

@@ -1,0 +1,210 @@
+"""Synthetic long-answer tasks for the second toy model, with train / held-out splits fixed by construction.
+
+Each task turns a small random *key* (the digits to reverse, the counting start and step, the two
+addends) into a question and an answer of 24-64 tokens (2-4 blocks of 16) with the long-answer
+tokenizer. The split is a property of the key alone: a keyed BLAKE2 hash puts 1 key in
+``HELDOUT_MODULUS`` in the held-out split, so train and held-out are disjoint whatever the sizes,
+seeds or weights, and a held-out counting sequence or addition is never seen in training under any
+length. Every answer position depends on few, nearby input or answer positions (the kind of task
+that trains fast on CPU, ``shared/docs/toy-model.md``), yet later tokens depend on earlier ones
+(carries, running counts, word lengths), so decoding a block takes several iterations.
+
+Tasks (``size`` is the task's length knob):
+
+* ``reverse``: ``Reverse 3141592...`` -> the digits in reverse order (size: digits, answer = size tokens);
+* ``spell``:   ``Spell 4071`` -> ``four zero seven one`` (size: digits; the words are spelled letter by letter);
+* ``count``:   ``Count 12 terms from 47 by 7`` -> ``47,54,61,...`` (size: terms);
+* ``add``:     ``Add 4721+839`` -> the column sums right to left with carries, then the sum:
+  ``1+9+0=10,2+3+1=06,7+8+0=15,4+0+1=05;5560`` (size: digits of the longer addend).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+HELDOUT_MODULUS = 16  # 1 key in 16 is held out
+SPLIT_SALT = b"oled-hf-long-tasks-v1"
+WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One question/answer pair; ``key`` is what the split hashes (``task:key``)."""
+
+    task: str
+    key: str
+    question: str
+    answer: str
+
+
+def key_is_heldout(task: str, key: str) -> bool:
+    """True for the ~1/HELDOUT_MODULUS keys of ``task`` that belong to the held-out split."""
+    digest = hashlib.blake2b(f"{task}:{key}".encode(), digest_size=8, key=SPLIT_SALT).digest()
+    return int.from_bytes(digest, "little") % HELDOUT_MODULUS == 0
+
+
+def _digits(rng: random.Random, n: int) -> str:
+    return "".join(str(rng.randrange(10)) for _ in range(n))
+
+
+def make_reverse(rng: random.Random, size: int) -> Problem:
+    s = _digits(rng, size)
+    return Problem("reverse", s, f"Reverse {s}", s[::-1])
+
+
+def make_spell(rng: random.Random, size: int) -> Problem:
+    s = _digits(rng, size)
+    return Problem("spell", s, f"Spell {s}", " ".join(WORDS[int(c)] for c in s))
+
+
+COUNT_START = (1, 199)
+COUNT_STEP = (2, 19)
+
+
+def make_count(rng: random.Random, size: int) -> Problem:
+    start = rng.randint(*COUNT_START)
+    step = rng.randint(*COUNT_STEP)
+    # The key is the sequence (start, step), not its length: no held-out sequence is trained at any length.
+    terms = ",".join(str(start + i * step) for i in range(size))
+    return Problem("count", f"{start}/{step}", f"Count {size} terms from {start} by {step}", terms)
+
+
+def addition_working(a: int, b: int) -> str:
+    """Column sums right to left (``x+y+carry=ss``, two digits), then ``;`` and the sum."""
+    xs, ys = str(a)[::-1], str(b)[::-1]
+    steps, carry = [], 0
+    for i in range(max(len(xs), len(ys))):
+        x = int(xs[i]) if i < len(xs) else 0
+        y = int(ys[i]) if i < len(ys) else 0
+        s = x + y + carry
+        steps.append(f"{x}+{y}+{carry}={s:02d}")
+        carry = s // 10
+    return ",".join(steps) + f";{a + b}"
+
+
+def make_add(rng: random.Random, size: int) -> Problem:
+    n_b = rng.randint(max(1, size - 2), size)
+    a = rng.randint(10 ** (size - 1), 10**size - 1)
+    b = rng.randint(10 ** (n_b - 1), 10**n_b - 1)
+    if rng.random() < 0.5:
+        a, b = b, a
+    key = f"{min(a, b)}+{max(a, b)}"  # both orders share a split
+    return Problem("add", key, f"Add {a}+{b}", addition_working(a, b))
+
+
+MAKERS: dict[str, Callable[[random.Random, int], Problem]] = {
+    "reverse": make_reverse, "spell": make_spell, "count": make_count, "add": make_add,
+}
+# Sizes chosen so every answer is 24-64 tokens with the long-answer tokenizer (tests check the bounds).
+DEFAULT_SIZES: dict[str, tuple[int, int]] = {"reverse": (24, 32), "spell": (7, 12), "count": (10, 16), "add": (3, 6)}
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task of a mix: its sampling weight and the inclusive range of its size knob."""
+
+    name: str
+    weight: float = 1.0
+    min_size: int = 0
+    max_size: int = 0
+
+    def __post_init__(self):
+        if self.name not in MAKERS:
+            raise ValueError(f"unknown task {self.name!r}; known: {', '.join(MAKERS)}")
+        if self.weight <= 0:
+            raise ValueError(f"task {self.name}: weight must be > 0, got {self.weight}")
+        if self.min_size == 0 and self.max_size == 0:
+            lo, hi = DEFAULT_SIZES[self.name]
+            object.__setattr__(self, "min_size", lo)
+            object.__setattr__(self, "max_size", hi)
+        if not 1 <= self.min_size <= self.max_size:
+            raise ValueError(f"task {self.name}: sizes must satisfy 1 <= min <= max, "
+                             f"got {self.min_size}-{self.max_size}")
+
+    @classmethod
+    def parse(cls, text: str) -> TaskSpec:
+        """``name[:weight[:lo-hi]]``, e.g. ``count:2:8-16`` (the training command's ``--task``)."""
+        parts = text.split(":")
+        if not 1 <= len(parts) <= 3:
+            raise ValueError(f"task spec {text!r}: expected name[:weight[:lo-hi]]")
+        weight = float(parts[1]) if len(parts) > 1 and parts[1] else 1.0
+        lo = hi = 0
+        if len(parts) == 3:
+            lo_s, _, hi_s = parts[2].partition("-")
+            lo, hi = int(lo_s), int(hi_s or lo_s)
+        return cls(parts[0], weight, lo, hi)
+
+    def __str__(self) -> str:
+        return f"{self.name}:{self.weight:g}:{self.min_size}-{self.max_size}"
+
+    def sample(self, rng: random.Random, heldout: bool) -> Problem:
+        """A problem of this task from the requested split (rejection sampling on the key)."""
+        while True:
+            p = MAKERS[self.name](rng, rng.randint(self.min_size, self.max_size))
+            if key_is_heldout(p.task, p.key) == heldout:
+                return p
+
+
+DEFAULT_MIX: tuple[TaskSpec, ...] = tuple(TaskSpec(name) for name in MAKERS)
+
+
+def parse_mix(specs: list[str] | None) -> tuple[TaskSpec, ...]:
+    if not specs:
+        return DEFAULT_MIX
+    mix = tuple(TaskSpec.parse(s) for s in specs)
+    names = [t.name for t in mix]
+    if len(set(names)) != len(names):
+        raise ValueError(f"a task appears twice in the mix: {names}")
+    return mix
+
+
+def sample_mix(mix: tuple[TaskSpec, ...], n: int, rng: random.Random) -> list[Problem]:
+    """``n`` train-split problems, tasks drawn by weight (reproducible from ``rng``)."""
+    weights = [t.weight for t in mix]
+    return [rng.choices(mix, weights)[0].sample(rng, heldout=False) for _ in range(n)]
+
+
+HELDOUT_SEED = 777  # fixes which held-out problems come first; the split itself is the hash
+
+
+def heldout_problems(spec: TaskSpec, n: int) -> list[Problem]:
+    """The first ``n`` distinct held-out problems of one task (the same list for every caller)."""
+    rng = random.Random(f"{HELDOUT_SEED}:{spec}")
+    seen: set[str] = set()
+    out: list[Problem] = []
+    tries = 0
+    while len(out) < n:
+        p = spec.sample(rng, heldout=True)
+        tries += 1
+        if tries > 200 * n + 10_000:
+            raise ValueError(f"task {spec}: only {len(out)} distinct held-out problems found, {n} asked")
+        if p.question not in seen:
+            seen.add(p.question)
+            out.append(p)
+    return out
+
+
+def train_problems(spec: TaskSpec, n: int, seed: int = 1) -> list[Problem]:
+    """``n`` train-split problems of one task (few-shot pools, smoke tests)."""
+    rng = random.Random(f"train:{seed}:{spec}")
+    return [spec.sample(rng, heldout=False) for _ in range(n)]
+
+
+def answer_for(question: str) -> str | None:
+    """The correct answer to a question of one of the tasks (None if it is not one): demos check answers."""
+    import re
+
+    q = question.strip()
+    if m := re.fullmatch(r"Reverse (\d+)", q):
+        return m.group(1)[::-1]
+    if m := re.fullmatch(r"Spell (\d+)", q):
+        return " ".join(WORDS[int(c)] for c in m.group(1))
+    if m := re.fullmatch(r"Count (\d+) terms from (\d+) by (\d+)", q):
+        n, start, step = map(int, m.groups())
+        return ",".join(str(start + i * step) for i in range(n))
+    if m := re.fullmatch(r"Add (\d+)\+(\d+)", q):
+        return addition_working(int(m.group(1)), int(m.group(2)))
+    return None

@@ -1,0 +1,78 @@
+"""Record routing traces of the long-answer toy on held-out prompts (for ``oled-moe trace replay``, sim/).
+
+``python -m oled_hf.toy.long.traces OUT.pt [--n-per-task 25] [--block-length 16] [--threshold 0.95]``
+
+Prompts are the first held-out problems of each task of the checkpoint's mix, interleaved task
+by task, each decoded greedily with ``generate`` (batch 1, the checkpoint's generation config
+unless overridden) while :class:`~oled_hf.sim.recorder.TraceRecorder` records every forward's
+routing and every iteration event.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from . import LONG_CHECKPOINT, load_mix
+
+
+def heldout_questions(checkpoint, n_per_task: int) -> list[str]:
+    """Round-robin over the mix's tasks: task 1 #1, task 2 #1, ..., task 1 #2, ..."""
+    from .tasks import heldout_problems
+
+    per_task = [heldout_problems(spec, n_per_task) for spec in load_mix(checkpoint)]
+    return [problems[i].question for i in range(n_per_task) for problems in per_task]
+
+
+def record_trace(out: str | Path, checkpoint: str | Path = LONG_CHECKPOINT, *, n_per_task: int = 25,
+                 block_length: int | None = None, threshold: float | None = None) -> dict:
+    """Decode the held-out prompts and save their trace to ``out``; returns counts for the caller to print."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import oled_hf  # noqa: F401  (registers the Auto classes)
+
+    from ...sim.recorder import TraceRecorder
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint).eval()
+    tok = AutoTokenizer.from_pretrained(checkpoint)
+    gen = {k: v for k, v in dict(block_length=block_length, threshold=threshold).items() if v is not None}
+    if "block_length" in gen:
+        gen["steps"] = gen["block_length"]
+    recorder = TraceRecorder(model, decoding=gen)
+    recorder.writer.header["block_length"] = gen.get("block_length", recorder.writer.header["block_length"])
+    questions = heldout_questions(checkpoint, n_per_task)
+    new_tokens = 0
+    for i, q in enumerate(questions):
+        recorder.begin_sequence(i)
+        ids = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                      return_tensors="pt", return_dict=True)
+        with torch.no_grad():
+            seq = model.generate(**ids, **gen)
+        new_tokens += seq.shape[1] - ids["input_ids"].shape[1]
+    path = recorder.save(out)
+    recorder.detach()
+    trace = recorder.writer.trace()
+    return {"path": str(path), "prompts": len(questions), "forwards": trace.num_forwards, "new_tokens": new_tokens}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", help="trace file to write (torch.save format, see oled_hf/sim/trace.py)")
+    parser.add_argument("--model", default=str(LONG_CHECKPOINT))
+    parser.add_argument("--n-per-task", type=int, default=25)
+    parser.add_argument("--block-length", type=int, default=None)
+    parser.add_argument("--threshold", type=float, default=None)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    r = record_trace(args.out, args.model, n_per_task=args.n_per_task, block_length=args.block_length,
+                     threshold=args.threshold)
+    print(f"recorded {r['prompts']} held-out prompts, {r['forwards']} forwards, {r['new_tokens']} new tokens "
+          f"-> {r['path']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,229 @@
+"""Train the long-answer toy (LLaDA2.0-mini's routing shape) with block diffusion on CPU.
+
+``python -m oled_hf.toy.long.train OUT [--task NAME[:WEIGHT[:LO-HI]] ...] [--steps N] [--seed S]``
+
+The network is ``OledLLaDA2ForDiffusionLM`` with ``LONG_MODEL`` (256 experts of width 16, top-8,
+``n_group=8``, ``topk_group=4``, one shared expert, layer 0 dense, QK-norm, partial RoPE), trained
+by the 3-digit toy's recipe (``oled_hf/toy/train.py``: grouped-GEMM training executor, AdamW,
+cosine LR, LLaDA2's aux-loss-free expert-bias balancing, one thread for bitwise determinism) on
+the task mix given by ``--task`` (default: the four tasks of ``tasks.py`` at equal weight).
+Noising is block diffusion with a clean prefix (``data.py``); each batch's block-causal mask
+uses a block length drawn from ``BLOCK_LENGTHS``. ``OUT/long_report.json`` records the command,
+the mix, the curve and the held-out figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers import GenerationConfig
+
+from ...modeling import OledLLaDA2ForDiffusionLM
+from ...modeling.experts import RESIDENT_EXECUTOR
+from ..train import lr_at, set_executor, toy_config, training_executor, update_expert_bias
+from . import REPORT_NAME
+from .data import LongEncoding, NoisedBatch, noise_batch, required_canvas, sample_batch
+from .tasks import TaskSpec, parse_mix
+from .tokenizer import build_long_tokenizer
+
+LONG_MODEL = dict(
+    hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+    partial_rotary_factor=0.5, rotary_dim=16, rope_theta=600000.0, intermediate_size=256, first_k_dense_replace=1,
+    num_experts=256, num_experts_per_tok=8, num_shared_experts=1, moe_intermediate_size=16, n_group=8,
+    topk_group=4, routed_scaling_factor=2.5, max_position_embeddings=256,
+)
+BLOCK_LENGTHS = (16, 32)
+GENERATION = dict(block_length=16, threshold=0.95, steps=16, max_new_tokens=96, do_sample=False, eos_early_stop=True)
+SHARD_SIZE = "8MB"
+
+
+def block_diffusion_loss(logits: torch.Tensor, batch: NoisedBatch, start: int) -> torch.Tensor:
+    """Sum over masked positions of CE / t, over the number of answer positions (logits cover ``start:``)."""
+    targets = batch.clean[:, start:]
+    masked = batch.masked[:, start:]
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none").view_as(masked)
+    return (ce * masked / batch.t[:, None]).sum() / batch.answer.sum().clamp(min=1)
+
+
+def _quick_eval(model, tokenizer, mix, n: int) -> dict:
+    from .evaluate import evaluate
+
+    model.eval()
+    r = evaluate(model, tokenizer, mix, n=n, block_length=GENERATION["block_length"],
+                 threshold=GENERATION["threshold"], examples=0)
+    model.train()
+    return {t["task"]: round(t["exact_match"], 3) for t in r["tasks"]} | {
+        "iterations_per_block": round(r["overall"]["iterations_per_block"], 2)}
+
+
+def scheduled_lr(step: int, steps: int, lr: float, warmup: int, elapsed: float, minutes: float | None) -> float:
+    """The 3-digit toy's warmup + cosine, over steps or (``minutes``) over whichever budget runs out first.
+
+    On a shared machine the step rate is unknown in advance; a time budget with the cosine still
+    reaching its floor at the stop gives a finished schedule, at the cost of bitwise determinism
+    (the step count then depends on the machine, and the report says so).
+    """
+    if minutes is None:
+        return lr_at(step, steps, lr, warmup)
+    progress = max(step / steps, elapsed / (minutes * 60))
+    return lr_at(int(progress * steps), steps, lr, warmup)
+
+
+def _save(model, out: Path, config, report: dict) -> None:
+    model.generation_config = GenerationConfig(
+        eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, bos_token_id=config.bos_token_id,
+        mask_token_id=config.mask_token_id, **GENERATION,
+    )
+    model.save_pretrained(out, max_shard_size=SHARD_SIZE)
+    (out / REPORT_NAME).write_text(json.dumps(report, indent=2) + "\n")
+
+
+def train_long(
+    out_dir: str | os.PathLike,
+    mix: tuple[TaskSpec, ...],
+    seed: int = 0,
+    *,
+    steps: int = 2000,
+    minutes: float | None = None,
+    time_schedule: bool = False,
+    batch_size: int = 32,
+    lr: float = 2e-3,
+    warmup: int = 100,
+    block_lengths: tuple[int, ...] = BLOCK_LENGTHS,
+    canvas_length: int | None = None,
+    bias_rate: float = 1e-3,
+    threads: int | None = 1,
+    eval_n: int = 200,
+    quick_eval_n: int = 20,
+    log_every: int = 100,
+    eval_every: int = 500,
+    save: bool = True,
+    model_overrides: dict | None = None,
+    command: list[str] | None = None,
+    log=print,
+) -> dict:
+    """Train on ``mix``, evaluate held-out (``eval_n`` per task) and (``save``) write the checkpoint."""
+    if threads:
+        torch.set_num_threads(threads)
+    out = Path(out_dir)
+    tokenizer = build_long_tokenizer(out)
+    enc = LongEncoding.from_tokenizer(tokenizer)
+    canvas_length = canvas_length or required_canvas(enc, mix, max(block_lengths))
+    config = toy_config(tokenizer, **{**LONG_MODEL, **(model_overrides or {})})
+    torch.manual_seed(seed)
+    model = OledLLaDA2ForDiffusionLM(config)
+    model.train()
+    set_executor(model, training_executor())
+    rng = random.Random(seed)
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0, foreach=True)
+    log(f"canvas {canvas_length}, {sum(p.numel() for p in model.parameters())} parameters, "
+        f"mix {' '.join(map(str, mix))}")
+
+    losses: list[float] = []
+    curve: list[dict] = []
+    start = time.perf_counter()
+    stopped_early = False
+    step = 0
+    for step in range(steps):
+        elapsed = time.perf_counter() - start
+        if minutes is not None and elapsed > minutes * 60:
+            stopped_early = True
+            break
+        for group in optimizer.param_groups:
+            group["lr"] = scheduled_lr(step, steps, lr, warmup, elapsed, minutes if time_schedule else None)
+        block_length = block_lengths[int(torch.randint(len(block_lengths), (1,), generator=generator))]
+        clean, lengths, _ = sample_batch(enc, mix, batch_size, canvas_length, rng)
+        batch = noise_batch(clean, lengths, block_length, enc.mask, enc.eos, generator)
+        keep_from = int(lengths.min())
+        out_ = model(input_ids=batch.noised, block_length=block_length, output_router_logits=True,
+                     logits_to_keep=canvas_length - keep_from)
+        loss = block_diffusion_loss(out_.logits, batch, keep_from)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        update_expert_bias(model, out_.router_logits, bias_rate)
+        losses.append(loss.item())
+        if log_every and (step + 1) % log_every == 0:
+            elapsed = time.perf_counter() - start
+            recent = sum(losses[-log_every:]) / len(losses[-log_every:])
+            log(f"step {step + 1}/{steps}  loss {recent:.4f}  {elapsed:.0f}s  {(step + 1) / elapsed:.2f} steps/s")
+        if eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
+            curve.append({"step": step + 1, "seconds": round(time.perf_counter() - start),
+                          **_quick_eval(model, tokenizer, mix, quick_eval_n)})
+            log(f"quick held-out ({quick_eval_n}/task): {curve[-1]}")
+            if save:  # an intermediate checkpoint to look at while training goes on (overwritten at the end)
+                _save(model, out, config, {"partial": True, "step": step + 1, "curve": curve})
+    else:
+        step = steps
+    train_seconds = time.perf_counter() - start
+
+    model.eval()
+    set_executor(model, RESIDENT_EXECUTOR)
+    report: dict = {
+        "command": command or [],
+        "tasks": [str(t) for t in mix],
+        "seed": seed, "steps": step, "steps_requested": steps, "stopped_early_by_time_limit": stopped_early,
+        "lr_schedule_over": f"{minutes} minutes" if time_schedule else f"{steps} steps",
+        "train_seconds": round(train_seconds, 1), "threads": torch.get_num_threads(), "batch_size": batch_size,
+        "lr": lr, "warmup": warmup, "block_lengths": list(block_lengths), "canvas_length": canvas_length,
+        "bias_rate": bias_rate, "model": {**LONG_MODEL, **(model_overrides or {})},
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "loss_first_10": sum(losses[:10]) / max(1, len(losses[:10])),
+        "loss_last_100": sum(losses[-100:]) / max(1, len(losses[-100:])),
+        "curve": curve,
+    }
+    if save:
+        _save(model, out, config, report)
+    if eval_n:
+        from .evaluate import evaluate
+
+        eval_start = time.perf_counter()
+        report["heldout"] = [evaluate(model, tokenizer, mix, n=eval_n, block_length=b, threshold=thr)
+                             for b, thr in ((16, 0.95), (32, 0.9))]
+        report["eval_seconds"] = round(time.perf_counter() - eval_start, 1)
+        if save:
+            (out / REPORT_NAME).write_text(json.dumps(report, indent=2) + "\n")
+    report["trained_model"] = model
+    return report
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", help="checkpoint folder to write")
+    parser.add_argument("--task", action="append", default=None, metavar="NAME[:WEIGHT[:LO-HI]]",
+                        help="a task of the mix (repeatable); default: reverse, spell, count, add at weight 1")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--minutes", type=float, default=None, help="safety stop (breaks bitwise determinism)")
+    parser.add_argument("--time-schedule", action="store_true",
+                        help="run the cosine over --minutes (or --steps, whichever ends first): for shared machines")
+    parser.add_argument("--eval-n", type=int, default=200, help="held-out problems per task for the report")
+    parser.add_argument("--eval-every", type=int, default=500, help="quick held-out check and checkpoint save")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads; 1 is bitwise reproducible")
+    args = parser.parse_args(argv)
+    report = train_long(args.out, parse_mix(args.task), seed=args.seed, steps=args.steps, minutes=args.minutes,
+                        time_schedule=args.time_schedule,
+                        batch_size=args.batch_size, lr=args.lr, eval_n=args.eval_n, eval_every=args.eval_every,
+                        warmup=args.warmup,
+                        threads=args.threads, command=["python", "-m", "oled_hf.toy.long.train", *sys.argv[1:]]
+                        if argv is None else ["python", "-m", "oled_hf.toy.long.train", *argv],
+                        log=lambda s: print(s, flush=True))
+    report.pop("trained_model")
+    print(json.dumps({k: v for k, v in report.items() if k != "curve"}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

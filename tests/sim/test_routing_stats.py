@@ -1,0 +1,63 @@
+"""Routing statistics of a recorded trace (eval/routing_overlap.py): bounds, pairing, the printed report, the plot."""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from oled_hf.sim.routing_stats import routing_stats, state_labels, token_persistence
+from oled_hf.sim.trace import load_trace
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def trace(tiny_path, tmp_path_factory):
+    from oled_hf.cli.main import main
+
+    tmp = tmp_path_factory.mktemp("routing")
+    prompts = tmp / "prompts.txt"
+    prompts.write_text("hello\nwhat is 2+2\n")
+    out = tmp / "t.trace"
+    assert main(["trace", "record", "--model", str(tiny_path), "--prompts", str(prompts), "--out", str(out),
+                 "--block-length", "8", "--max-new-tokens", "24"]) == 0
+    return load_trace(str(out))
+
+
+def test_token_persistence():
+    prev = np.array([[[1, 2], [3, 4]]])
+    nxt = np.array([[[2, 5], [3, 4]]])
+    assert token_persistence(prev, nxt).tolist() == [[0.5, 1.0]]
+
+
+def test_statistics_are_bounded_and_consistent(trace):
+    stats = routing_stats(trace)
+    s = stats.summary()
+    k, b, e = s["top_k"], s["block_length"], s["num_experts"]
+    assert s["steps"] == trace.num_events  # one denoising forward per iteration event (batch 1)
+    assert s["blocks"] >= 2 and s["iterations_per_block"] >= 1
+    for v in s["distinct_experts_per_iteration"]["per_layer"]:
+        assert 1 <= v <= min(e, b * k)
+    for key in ("overlap_within_block", "overlap_across_blocks"):
+        assert s[key]["pairs"] > 0 and 0.0 <= s[key]["mean"] <= 1.0
+    per_iter, per_block = s["activation_ratio_per_iteration"], s["activation_ratio_per_block"]
+    assert all(a <= bl + 1e-9 for a, bl in zip(per_iter, per_block))  # a block's union covers each iteration
+    assert set(s["persistence_by_state"]) == set(state_labels())
+    assert sum(v["tokens"] for v in s["persistence_by_state"].values()) > 0
+    assert all(0.0 <= v["mean"] <= 1.0 for v in s["persistence_by_state"].values() if v["tokens"])
+
+
+def test_script_prints_and_plots(trace, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    spec = importlib.util.spec_from_file_location("routing_overlap", ROOT / "eval" / "routing_overlap.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    path = tmp_path / "t.trace"
+    trace.save(str(path))
+    assert script.main([str(path), "--plot", str(tmp_path / "r.png"), "--json", str(tmp_path / "r.json")]) == 0
+    out = capsys.readouterr().out
+    assert "distinct/iter" in out and "LLaDA2.0-mini (published)" in out and "route persistence" in out
+    assert (tmp_path / "r.png").stat().st_size > 10_000
+    legacy = script.overlap_stats(trace)
+    assert legacy["within_block"][1] > 0 and legacy["num_experts"] == trace.num_experts

@@ -1,0 +1,120 @@
+"""The long-answer toy's tasks and canvases: disjoint splits, answer lengths, chat-template prompts, noising."""
+
+import random
+
+import pytest
+import torch
+
+from oled_hf.toy.long.data import LongEncoding, noise_batch, required_canvas, sample_batch, write_jsonl
+from oled_hf.toy.long.tasks import (
+    DEFAULT_MIX,
+    TaskSpec,
+    addition_working,
+    heldout_problems,
+    key_is_heldout,
+    parse_mix,
+    sample_mix,
+    train_problems,
+)
+from oled_hf.toy.long.tokenizer import build_long_tokenizer
+
+
+@pytest.fixture(scope="module")
+def enc(tmp_path_factory):
+    return LongEncoding.from_tokenizer(build_long_tokenizer(tmp_path_factory.mktemp("longtok")))
+
+
+@pytest.mark.parametrize("spec", DEFAULT_MIX, ids=str)
+def test_splits_are_disjoint_by_key(spec):
+    held = heldout_problems(spec, 200)
+    train = train_problems(spec, 2000)
+    assert all(key_is_heldout(p.task, p.key) for p in held)
+    assert not any(key_is_heldout(p.task, p.key) for p in train)
+    assert not {p.key for p in held} & {p.key for p in train}
+    assert len({p.question for p in held}) == 200
+    assert heldout_problems(spec, 5) == held[:5]  # a fixed list, the same for every caller
+
+
+def test_random_mix_never_draws_heldout():
+    problems = sample_mix(DEFAULT_MIX, 3000, random.Random(3))
+    assert {p.task for p in problems} == {t.name for t in DEFAULT_MIX}
+    assert not any(key_is_heldout(p.task, p.key) for p in problems)
+
+
+@pytest.mark.parametrize("spec", DEFAULT_MIX, ids=str)
+def test_answers_span_two_to_four_blocks_of_16(enc, spec):
+    problems = train_problems(spec, 300) + heldout_problems(spec, 100)
+    lengths = [len(a) for a in enc.answer_ids([p.answer for p in problems])]
+    assert 24 <= min(lengths) and max(lengths) <= 64, (min(lengths), max(lengths))
+
+
+def test_prompts_equal_the_chat_template(enc):
+    tok = enc.tokenizer
+    for spec in DEFAULT_MIX:
+        for p in heldout_problems(spec, 3):
+            ids = tok.apply_chat_template([{"role": "user", "content": p.question}], add_generation_prompt=True)
+            ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+            assert list(ids) == enc.prompt_ids([p.question])[0]
+            assert tok.decode(enc.answer_ids([p.answer])[0]) == p.answer
+
+
+def test_addition_working():
+    assert addition_working(4721, 839) == "1+9+0=10,2+3+1=06,7+8+0=15,4+0+1=05;5560"
+    rng = random.Random(0)
+    for _ in range(200):
+        a, b = rng.randrange(1, 10**6), rng.randrange(1, 10**6)
+        assert addition_working(a, b).endswith(f";{a + b}")
+
+
+def test_task_spec_parsing():
+    assert str(TaskSpec.parse("count:2:8-12")) == "count:2:8-12"
+    assert TaskSpec.parse("add") == TaskSpec("add", 1.0, 3, 6)
+    assert [t.name for t in parse_mix(["reverse", "spell:0.5"])] == ["reverse", "spell"]
+    assert parse_mix(None) == DEFAULT_MIX
+    for bad in ("sort", "add:0", "add:1:5-3", "add:1:2:3"):
+        with pytest.raises(ValueError):
+            TaskSpec.parse(bad)
+    with pytest.raises(ValueError, match="twice"):
+        parse_mix(["add", "add:2"])
+
+
+def test_canvas_and_block_diffusion_noise(enc):
+    canvas = required_canvas(enc, DEFAULT_MIX, 32)
+    assert canvas % 32 == 0
+    clean, lengths, problems = sample_batch(enc, DEFAULT_MIX, 64, canvas, random.Random(1))
+    batch = noise_batch(clean, lengths, 16, enc.mask, enc.eos, torch.Generator().manual_seed(0))
+    pos = torch.arange(canvas)[None, :]
+    assert not (batch.masked & (pos < lengths[:, None])).any()  # the prompt is never masked
+    assert torch.equal(batch.noised == enc.mask, batch.masked)
+    for i in range(len(problems)):
+        masked = batch.masked[i].nonzero().flatten()
+        if len(masked):  # everything before the first masked position's block is clean
+            block_start = int(masked[0]) // 16 * 16
+            assert not batch.masked[i, :block_start].any()
+            assert int(masked[0]) < int(lengths[i]) + len(enc.answer_ids([problems[i].answer])[0]) + 16
+    with pytest.raises(ValueError, match="canvas_length"):
+        enc.canvases(problems, 40)
+
+
+def test_jsonl_files(tmp_path):
+    paths = write_jsonl(tmp_path, DEFAULT_MIX[:2], n_train=5, n_heldout=7)
+    assert sorted(paths) == ["reverse/test", "reverse/train", "spell/test", "spell/train"]
+    assert len(paths["spell/test"].read_text().splitlines()) == 7
+
+
+def test_committed_eval_data_is_current(tmp_path):
+    """eval/tasks/long_answer/data equals what ``python -m oled_hf.toy.long.data`` writes today."""
+    from pathlib import Path
+
+    committed = Path(__file__).resolve().parents[2] / "eval" / "tasks" / "long_answer" / "data"
+    for name, path in write_jsonl(tmp_path, DEFAULT_MIX, n_train=50, n_heldout=200).items():
+        assert (committed / f"{name}.jsonl").read_text() == path.read_text(), name
+
+
+def test_answer_for_solves_every_task():
+    from oled_hf.toy.long.tasks import answer_for
+
+    for spec in DEFAULT_MIX:
+        for p in heldout_problems(spec, 20):
+            assert answer_for(p.question) == p.answer
+    assert answer_for("What is 1+2?") is None

@@ -1,0 +1,54 @@
+"""The long-answer training entry point: a few tiny steps, deterministic, saved in the official layout."""
+
+import json
+
+import torch
+from transformers import AutoModelForCausalLM
+
+import oled_hf  # noqa: F401  (registers the Auto classes)
+from oled_hf.toy.long import REPORT_NAME, load_mix
+from oled_hf.toy.long.tasks import TaskSpec
+from oled_hf.toy.long.train import main, scheduled_lr, train_long
+
+MICRO = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+             rotary_dim=8, intermediate_size=64, num_experts=16, num_experts_per_tok=4, moe_intermediate_size=8,
+             n_group=4, topk_group=2)
+MIX = (TaskSpec("reverse", 1.0, 24, 24), TaskSpec("count", 2.0, 10, 10))
+FAST = dict(batch_size=8, eval_n=0, log_every=0, eval_every=0, warmup=2, model_overrides=MICRO, save=False)
+
+
+def _state(model):
+    return model.state_dict()
+
+
+def test_same_seed_same_weights(tmp_path):
+    a = train_long(tmp_path / "a", MIX, seed=1, steps=3, **FAST)["trained_model"]
+    b = train_long(tmp_path / "b", MIX, seed=1, steps=3, **FAST)["trained_model"]
+    c = train_long(tmp_path / "c", MIX, seed=2, steps=3, **FAST)["trained_model"]
+    sa, sb, sc = _state(a), _state(b), _state(c)
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert not all(torch.equal(sa[k], sc[k]) for k in sa)
+
+
+def test_command_saves_checkpoint_and_report(tmp_path, monkeypatch):
+    import oled_hf.toy.long.train as train_mod
+
+    monkeypatch.setattr(train_mod, "LONG_MODEL", {**train_mod.LONG_MODEL, **MICRO})
+    out = tmp_path / "ckpt"
+    main([str(out), "--task", "reverse:1:24-24", "--task", "count:2:10-10", "--steps", "2", "--batch-size", "4",
+          "--eval-n", "2", "--eval-every", "0", "--warmup", "1"])
+    report = json.loads((out / REPORT_NAME).read_text())
+    assert report["tasks"] == ["reverse:1:24-24", "count:2:10-10"] and report["steps"] == 2
+    assert report["command"][:3] == ["python", "-m", "oled_hf.toy.long.train"]
+    assert [r["block_length"] for r in report["heldout"]] == [16, 32]
+    assert [t.name for t in load_mix(out)] == ["reverse", "count"]
+    gen = json.loads((out / "generation_config.json").read_text())
+    assert gen["block_length"] == 16 and gen["threshold"] == 0.95
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.config.num_experts == 16
+
+
+def test_time_schedule_reaches_the_floor():
+    assert scheduled_lr(0, 100, 1.0, 10, 0.0, None) == 0.1  # warmup step 1 of 10
+    assert abs(scheduled_lr(50, 100, 1.0, 0, 600.0, 10.0) - 0.1) < 1e-9  # the time budget is spent
+    assert scheduled_lr(50, 100, 1.0, 0, 0.0, 10.0) == scheduled_lr(50, 100, 1.0, 0, 0.0, None)
