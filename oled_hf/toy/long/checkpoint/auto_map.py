@@ -30,6 +30,7 @@ CODE_FILES = (
     "auto_map.py",
     "cache.py",
     "canvas.py",
+    "checkpoint_files.py",
     "commit.py",
     "configuration_oled_llada2.py",
     "events.py",

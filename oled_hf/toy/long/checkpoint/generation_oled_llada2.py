@@ -20,6 +20,7 @@ treats the model as able to generate (``can_generate``) and does not graft its o
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
@@ -29,7 +30,7 @@ from transformers.utils import ModelOutput
 from .canvas import build_canvas, prompt_rows
 from .commit import choose_tokens, commit_dinfer, commit_official, edit_positions, transfer_schedule
 from .events import IterationEvent, IterationObserver
-from .params import DiffusionParams, resolve_params
+from .params import DiffusionParams, check_inputs, check_prompt_tokens, resolve_params
 
 logger = logging.getLogger(__name__)
 
@@ -89,9 +90,14 @@ class DiffusionGenerationMixin:
                 local_files_only=local_files_only, token=token, revision=revision, subfolder=subfolder,
                 _from_auto=from_auto_class, _from_pipeline=from_pipeline,
             )
-        except OSError:
-            logger.info("no generation_config.json at %s; using block-diffusion defaults",
-                        pretrained_model_name_or_path)
+        except OSError as error:
+            local = os.path.join(str(pretrained_model_name_or_path), subfolder or "", "generation_config.json")
+            if os.path.isfile(local):  # there but unreadable: say so instead of silently using defaults
+                logger.warning("%s could not be read (%s); generate uses block-diffusion defaults instead",
+                               local, error)
+            else:
+                logger.info("no generation_config.json at %s; using block-diffusion defaults",
+                            pretrained_model_name_or_path)
 
     # ---- generate ----------------------------------------------------------------------------
     @torch.no_grad()
@@ -109,9 +115,7 @@ class DiffusionGenerationMixin:
         input_ids = inputs if input_ids is None else input_ids
         if input_ids is None:
             raise ValueError("input_ids is required: block diffusion decodes after a non-empty prompt")
-        if input_ids.dim() == 1:
-            input_ids = input_ids.unsqueeze(0)
-        attention_mask = kwargs.pop("attention_mask", None)
+        input_ids, attention_mask = check_inputs(input_ids, kwargs.pop("attention_mask", None))
         for alias, name in (("eos_id", "eos_token_id"), ("mask_id", "mask_token_id")):
             if alias in kwargs:
                 kwargs.setdefault(name, kwargs.pop(alias))
@@ -119,6 +123,7 @@ class DiffusionGenerationMixin:
         longest = max(int(p.shape[0]) for p in prompts)
         params = resolve_params(self.config, generation_config or getattr(self, "generation_config", None),
                                 longest, kwargs)
+        check_prompt_tokens(prompts, self.config.vocab_size, params.mask_token_id)
         self._check_leftover_kwargs(kwargs)
         if streamer is not None and input_ids.shape[0] != 1:
             raise ValueError(f"a streamer needs batch size 1; got {input_ids.shape[0]} prompts")
@@ -240,6 +245,7 @@ class _BlockDecoder:
         iterations = torch.zeros(rows, dtype=torch.long)
         edits = torch.zeros(rows, dtype=torch.long)
         stale, iteration = False, 0
+        cap = block_iteration_cap(c.block_length, p.max_post_steps if editing else 0)
         while True:
             masked = self._masked(cols) & open_rows[:, None]
             has_mask = masked.any(-1)
@@ -250,7 +256,12 @@ class _BlockDecoder:
                 open_rows &= has_mask
             if not open_rows.any():
                 return iterations, edits, stale
+            if iteration >= cap:
+                raise RuntimeError(
+                    f"block {block} still has {int(masked.sum())} masked token(s) after {cap} denoising "
+                    f"iterations (the cap for block_length={c.block_length}); the commit rule stopped committing")
             logits = self._forward("denoise", block, iteration, cols, c.block_length)
+            check_finite(logits, masked, block, iteration)
             before = c.tokens[:, cols]
             committed, ids, prob = self._commit(logits, masked, self.schedule[:, min(iteration, steps - 1)],
                                                 iteration, steps)
@@ -339,6 +350,30 @@ class _BlockDecoder:
         return DiffusionGenerateOutput(sequences=sequences, iterations=iterations, tokens_per_forward=tpf,
                                        blocks=blocks, forwards=self.forwards, edits=edits.sum(-1),
                                        edits_per_block=edits[:, :decoded])
+
+
+def block_iteration_cap(block_length: int, post_steps: int = 0) -> int:
+    """Most denoising iterations a block may take: every iteration with masks commits at least one.
+
+    Both commit rules guarantee one commit per iteration while the logits are finite, so a block of
+    ``block_length`` positions runs out of masks within that many, plus at most ``post_steps``
+    editing-only iterations (LLaDA2.1); more means the decoder is broken and would otherwise loop
+    forever.
+    """
+    return block_length + post_steps
+
+
+def check_finite(logits: torch.Tensor, masked: torch.Tensor, block: int, iteration: int) -> None:
+    """Refuse logits at masked positions that give no distribution (NaN, +inf, or every entry -inf):
+    their confidence is NaN and never passes a threshold, so nothing would ever commit. A -inf for
+    some tokens is a legitimate ban and passes. Names the forward (block, iteration) and the rows."""
+    bad = (logits.isnan().any(-1) | logits.isposinf().any(-1) | logits.isneginf().all(-1)) & masked
+    if bool(bad.any()):
+        rows = torch.nonzero(bad.any(-1)).flatten().tolist()
+        raise FloatingPointError(
+            f"the denoise forward of block {block}, iteration {iteration} produced non-finite logits (NaN or inf) "
+            f"at {int(bad.sum())} masked position(s) of batch row(s) {rows}; the model's weights give NaN/inf "
+            "(e.g. a corrupt expert in the checkpoint), so no token can be chosen")
 
 
 def _stop_string_cut(tokenizer, tokens: torch.Tensor, stop_strings: list[str]) -> int | None:

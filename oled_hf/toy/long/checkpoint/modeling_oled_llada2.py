@@ -12,6 +12,7 @@ nothing of where expert weights live.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +24,7 @@ from transformers.utils import ModelOutput
 
 from .auto_map import AUTO_MAP, CODE_VERSION, warn_on_code_version, write_model_code
 from .cache import BlockKVCache
+from .checkpoint_files import EXPERT_KEY, check_checkpoint_files, check_loading_info, check_local_index
 from .configuration_oled_llada2 import OledLLaDA2Config
 from .experts import RESIDENT_EXECUTOR, ExpertsExecutor
 from .generation_oled_llada2 import DiffusionGenerationMixin
@@ -285,8 +287,6 @@ class OledLLaDA2PreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
     # With config.router_bias_fp32, post_init adds r"mlp\.gate\.expert_bias" to the strict fp32 set.
     _keep_in_fp32_modules_strict = None
-    # Offloaded models have no routed-expert modules: those tensors go to the ExpertStore instead.
-    _keys_to_ignore_on_load_unexpected = [r"\.mlp\.experts\.\d+\.(gate|up|down)_proj\.weight$"]
 
     def post_init(self):
         super().post_init()
@@ -411,12 +411,17 @@ class OledLLaDA2ForDiffusionLM(OledLLaDA2PreTrainedModel, DiffusionGenerationMix
     itself only calls ``offload_config.attach(...)`` and never imports the runtime.
     """
 
-    def __init__(self, config: OledLLaDA2Config, offload_config=None, **kwargs):
+    def __init__(self, config: OledLLaDA2Config, offload_config=None, strict: bool = True, **kwargs):
         super().__init__(config)
         if offload_config is not None and not hasattr(offload_config, "attach"):
             raise ValueError(
                 f"offload_config must be an oled_hf.OffloadConfig, got {type(offload_config).__name__}"
             )
+        if not isinstance(strict, bool):
+            raise ValueError(f"strict={strict!r} is invalid: pass True (refuse missing/unexpected weights) or False")
+        # from_pretrained(..., strict=False) reaches here like offload_config (unused config kwargs):
+        # it allows missing (randomly initialised) and unexpected (dropped) checkpoint tensors.
+        self._strict_load = strict
         self._pending_offload = offload_config
         self._offload_runtime = None
         self.model = OledLLaDA2Model(config, routed_experts=offload_config is None)
@@ -425,6 +430,8 @@ class OledLLaDA2ForDiffusionLM(OledLLaDA2PreTrainedModel, DiffusionGenerationMix
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
+        if args and isinstance(args[0], (str, os.PathLike)):  # local folder: its index, before Transformers
+            check_local_index(os.path.join(args[0], kwargs.get("subfolder") or ""))
         model = super().from_pretrained(*args, **kwargs)
         warn_on_code_version(model.config)
         offload = model.__dict__.pop("_pending_offload", None)
@@ -440,7 +447,35 @@ class OledLLaDA2ForDiffusionLM(OledLLaDA2PreTrainedModel, DiffusionGenerationMix
         # Remember where the weights are: an offload runtime reads the routed experts from them.
         model._checkpoint_files = list(checkpoint_files or [])
         model._load_dtype = getattr(load_config, "dtype", None)
+        safetensors = [str(f) for f in model._checkpoint_files if str(f).endswith(".safetensors")]
+        if safetensors:  # damaged headers, a tensor in two shards, int tensors into float weights
+            floating = {name: t.is_floating_point() for name, t in model.state_dict().items()}
+            check_checkpoint_files(safetensors, floating)
         return PreTrainedModel._load_pretrained_model(model, state_dict, checkpoint_files, load_config, expected_keys)
+
+    @staticmethod
+    def _finalize_model_loading(model, load_config, loading_info):
+        loading_info = PreTrainedModel._finalize_model_loading(model, load_config, loading_info)
+        if getattr(model, "_strict_load", True):
+            check_loading_info(type(model).__name__, getattr(load_config, "pretrained_model_name_or_path", None),
+                               loading_info.missing_keys, loading_info.unexpected_keys)
+        return loading_info
+
+    def _adjust_missing_and_unexpected_keys(self, loading_info) -> None:
+        """Routed-expert tensors are unexpected only when no ExpertStore will take them.
+
+        Offloaded, the model has no expert modules and the store reads the experts of its MoE
+        layers itself; any other expert tensor (a layer or expert id the config does not have)
+        stays unexpected, as it is for a resident model.
+        """
+        super()._adjust_missing_and_unexpected_keys(loading_info)
+        if self.__dict__.get("_pending_offload") is None:
+            return
+        moe_layers, experts = {b.layer_idx for b in self.moe_blocks()}, self.config.num_experts
+        loading_info.unexpected_keys = {
+            k for k in loading_info.unexpected_keys
+            if not ((m := EXPERT_KEY.match(k)) and int(m.group(1)) in moe_layers and int(m.group(2)) < experts)
+        }
 
     @property
     def is_offloaded(self) -> bool:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
+import torch
 from transformers import GenerationConfig
 
 from .commit import COMMIT_RULES
@@ -141,15 +142,15 @@ def validate_params(p: DiffusionParams, model_config, prompt_length: int) -> Non
     def bad(name, value, allowed):
         raise ValueError(f"{name}={value!r} is invalid: {allowed}")
 
-    if not isinstance(p.block_length, int) or p.block_length <= 0:
+    if not _is_int(p.block_length) or p.block_length <= 0:
         bad("block_length", p.block_length, "must be a positive integer")
-    if not isinstance(p.threshold, (int, float)) or not 0.0 <= p.threshold <= 1.0:
+    if not _is_number(p.threshold) or not 0.0 <= p.threshold <= 1.0:
         bad("threshold", p.threshold, "must be between 0 and 1 (inclusive)")
-    if not isinstance(p.max_new_tokens, int) or p.max_new_tokens <= 0:
+    if not _is_int(p.max_new_tokens) or p.max_new_tokens <= 0:
         bad("max_new_tokens", p.max_new_tokens, "must be a positive integer (number of tokens to generate)")
-    if not isinstance(p.steps, int) or p.steps <= 0:
+    if not _is_int(p.steps) or p.steps <= 0:
         bad("steps", p.steps, "must be a positive integer (denoising steps per block)")
-    if not isinstance(p.minimal_topk, int) or p.minimal_topk <= 0:
+    if not _is_int(p.minimal_topk) or p.minimal_topk <= 0:
         bad("minimal_topk", p.minimal_topk, "must be a positive integer")
     if p.do_sample and (p.temperature is None or p.temperature < 0):
         bad("temperature", p.temperature, "must be >= 0")
@@ -181,3 +182,67 @@ def validate_params(p: DiffusionParams, model_config, prompt_length: int) -> Non
             f"{p.block_length}, needs {total} positions but max_position_embeddings={limit}; "
             f"allowed max_new_tokens here: at most {limit // p.block_length * p.block_length - prompt_length}"
         )
+
+
+def _is_int(value) -> bool:
+    """An integer that is not a bool: ``max_new_tokens=True`` is a caller's mistake, not 1."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_inputs(input_ids, attention_mask) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Validate ``input_ids`` / ``attention_mask`` before anything runs; returns them as 2-D long tensors.
+
+    Why here: the decoder would otherwise cut prompts with a short or non-0/1 mask, return float
+    ids, or fail deep inside with messages that name neither argument.
+    """
+    if not isinstance(input_ids, torch.Tensor):
+        raise ValueError(f"input_ids must be a torch.Tensor of token ids; got {type(input_ids).__name__}")
+    if input_ids.dtype == torch.bool or input_ids.is_floating_point() or input_ids.is_complex():
+        raise ValueError(f"input_ids must be an integer tensor of token ids (torch.long); got dtype {input_ids.dtype}")
+    if input_ids.dim() == 1:
+        input_ids = input_ids.unsqueeze(0)
+        if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 1:
+            attention_mask = attention_mask.unsqueeze(0)
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be [batch, prompt_length] (or 1-D for one prompt); "
+                         f"got shape {list(input_ids.shape)}")
+    if input_ids.shape[0] == 0:
+        raise ValueError("input_ids has an empty batch (shape [0, ...]): pass at least one prompt")
+    if input_ids.shape[1] == 0:
+        raise ValueError(f"input_ids has 0 tokens per row (shape {list(input_ids.shape)}): "
+                         "block diffusion decodes after a non-empty prompt")
+    if attention_mask is None:
+        return input_ids.long(), None
+    if not isinstance(attention_mask, torch.Tensor):
+        raise ValueError(f"attention_mask must be a torch.Tensor like input_ids; got {type(attention_mask).__name__}")
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask has shape {list(attention_mask.shape)} but input_ids has "
+                         f"{list(input_ids.shape)}: they must match (one 0/1 entry per prompt token)")
+    if not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+        odd = sorted({float(v) for v in attention_mask.unique().tolist()} - {0.0, 1.0})[:5]
+        raise ValueError(f"attention_mask must hold only 0 (padding) and 1 (prompt token); found {odd}")
+    return input_ids.long(), attention_mask.long()
+
+
+def check_prompt_tokens(prompts: list[torch.Tensor], vocab_size: int, mask_token_id: int) -> None:
+    """Every real prompt token must be a vocabulary id and not the mask token.
+
+    A mask token in the prompt would be decoded (overwritten) where it shares a block with the
+    generation and fed as-is elsewhere; an id outside the vocabulary fails in the embedding with
+    a message that names nothing.
+    """
+    for i, row in enumerate(prompts):
+        outside = (row < 0) | (row >= vocab_size)
+        if bool(outside.any()):
+            values = sorted(set(row[outside].tolist()))[:5]
+            raise ValueError(f"input_ids row {i} holds token id(s) {values} outside the vocabulary "
+                             f"(allowed: 0 to {vocab_size - 1}, vocab_size={vocab_size})")
+        where = torch.nonzero(row == mask_token_id).flatten().tolist()
+        if where:
+            raise ValueError(f"input_ids row {i} contains mask_token_id={mask_token_id} at prompt position(s) "
+                             f"{where[:5]}: the prompt may not hold the mask token (generate decodes only the "
+                             "new tokens; pass a different mask_token_id if this id is a real token)")

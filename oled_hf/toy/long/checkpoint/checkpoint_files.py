@@ -1,0 +1,175 @@
+"""Checks of a checkpoint's files before any weight is read: every error names the file and the fault.
+
+Transformers reads safetensors headers and the shard index itself, and its failures on a damaged
+file (a truncated header, bad JSON, a tensor in two shards, an int8 tensor where a float weight
+goes) either name no file or load silently. ``check_checkpoint_files`` reads only the headers
+(a few KB per shard) and raises :class:`CheckpointError` naming the file, the tensor and what
+is wrong; ``check_loading_info`` turns Transformers' missing/unexpected keys into an error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+from pathlib import Path
+
+INDEX_NAME = "model.safetensors.index.json"
+# bytes per element of every safetensors dtype (safetensors 0.8 format)
+DTYPE_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "F6_E2M3": 0.75,
+               "F6_E3M2": 0.75, "F4": 0.5, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2,
+               "U8": 1, "BOOL": 1, "C64": 8}
+INTEGER_DTYPES = {"I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "BOOL"}
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors library's own limit
+EXPERT_KEY = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is damaged or does not match the model; the message names the file."""
+
+
+def read_safetensors_header(path: str | os.PathLike) -> tuple[dict, int]:
+    """The header of a safetensors file (without ``__metadata__``) and where tensor data starts.
+
+    Validated against the file's size: a truncated or corrupt header, or tensors whose offsets lie
+    outside the file or disagree with their dtype and shape, raise ``CheckpointError``.
+    """
+    path = str(path)
+    size = os.path.getsize(path)
+
+    def bad(what: str) -> CheckpointError:
+        return CheckpointError(f"{path}: not a valid safetensors file: {what}")
+
+    with open(path, "rb") as f:
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            raise bad(f"the file is {size} bytes, shorter than the 8-byte header length")
+        (n,) = struct.unpack("<Q", prefix)
+        if n > min(size - 8, MAX_HEADER_BYTES):
+            raise bad(f"the header claims {n} bytes but the file has {size - 8} after the length (truncated?)")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise bad(f"the header is not valid JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise bad(f"the header is a JSON {type(header).__name__}, not an object")
+    header.pop("__metadata__", None)
+    data = size - 8 - n
+    for name, info in header.items():
+        _check_entry(name, info, data, bad)
+    return header, 8 + n
+
+
+def _check_entry(name: str, info, data_bytes: int, bad) -> None:
+    if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
+        raise bad(f"tensor {name!r} lacks dtype, shape or data_offsets")
+    dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+    if dtype not in DTYPE_SIZES:
+        raise bad(f"tensor {name!r} has unknown dtype {dtype!r}")
+    if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
+        raise bad(f"tensor {name!r} has an invalid shape {shape!r}")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
+            and 0 <= offsets[0] <= offsets[1]):
+        raise bad(f"tensor {name!r} has invalid data_offsets {offsets!r}")
+    if offsets[1] > data_bytes:
+        raise bad(f"tensor {name!r} ends at byte {offsets[1]} of the data but the file holds {data_bytes} "
+                  "(truncated?)")
+    numel = 1
+    for d in shape:
+        numel *= d
+    if offsets[1] - offsets[0] != numel * DTYPE_SIZES[dtype]:
+        raise bad(f"tensor {name!r} ({dtype} {shape}) should take {int(numel * DTYPE_SIZES[dtype])} bytes but "
+                  f"its data_offsets span {offsets[1] - offsets[0]}")
+
+
+def read_index(path: str | os.PathLike) -> dict[str, str]:
+    """The ``weight_map`` of a shard index (tensor name -> shard file name), validated."""
+    try:
+        index = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path}: not a valid shard index: invalid JSON ({e})") from None
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                   for k, v in weight_map.items()):
+        raise CheckpointError(f"{path}: not a valid shard index: it needs a \"weight_map\" object mapping "
+                              "tensor names to shard file names")
+    return weight_map
+
+
+def check_local_index(folder: str | os.PathLike) -> None:
+    """A local checkpoint folder's shard index must parse and name only shards that exist.
+
+    Transformers parses the index before any hook runs and reports bad JSON without the file's
+    name, so ``from_pretrained`` calls this first for local folders.
+    """
+    index_path = Path(folder) / INDEX_NAME
+    if not index_path.is_file():
+        return
+    shards = sorted(set(read_index(index_path).values()))
+    absent = [name for name in shards if not (Path(folder) / name).is_file()]
+    if absent:
+        raise CheckpointError(f"{index_path}: lists shard(s) {', '.join(absent)} that are not in {Path(folder)}")
+
+
+def check_json_file(path: str | os.PathLike, what: str) -> None:
+    """Raise ``CheckpointError`` naming ``path`` if it exists and is not a JSON object."""
+    if not os.path.isfile(path):
+        return
+    try:
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path}: not a valid {what}: invalid JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path}: not a valid {what}: a JSON {type(value).__name__}, not an object")
+
+
+def check_checkpoint_files(files: list[str], model_tensors: dict[str, bool]) -> None:
+    """Validate the shards' headers, tensor placement and dtypes before Transformers loads them.
+
+    ``model_tensors`` maps each model parameter/buffer name to whether it is floating point (routed
+    experts count as floating even when offloaded, so absent from the model). A
+    tensor stored in two shards is refused (which one wins would depend on read order), as is an
+    integer tensor bound for a floating parameter (a silent cast would turn quantised codes into
+    wrong weights).
+    """
+    index_path = Path(files[0]).parent / INDEX_NAME if files else None
+    weight_map = read_index(index_path) if index_path is not None and index_path.is_file() else {}
+    where: dict[str, str] = {}
+    for path in files:
+        header, _ = read_safetensors_header(path)
+        for name, info in header.items():
+            if name in where:
+                named = weight_map.get(name)
+                note = f"; {INDEX_NAME} names {named}" if named else ""
+                raise CheckpointError(f"{path}: tensor {name} is also stored in {where[name]}{note}; a tensor "
+                                      "must be in exactly one shard")
+            where[name] = path
+            # routed experts are float weights whether the model holds them or an offload store will
+            if info["dtype"] in INTEGER_DTYPES and (model_tensors.get(name, False) or EXPERT_KEY.match(name)):
+                raise CheckpointError(f"{path}: tensor {name} is stored as {info['dtype']} but the model's weight "
+                                      "is floating point; integer (e.g. quantised) tensors are not cast to float. "
+                                      "Convert the checkpoint to a float dtype first")
+
+
+def check_loading_info(model_name: str, source, missing: set[str], unexpected: set[str]) -> None:
+    """Refuse a load that would leave random weights (missing) or drop checkpoint tensors (unexpected)."""
+    if not missing and not unexpected:
+        return
+    parts = []
+    if missing:
+        parts.append(f"missing {len(missing)} tensor(s) the model needs: {_some(missing)}")
+    if unexpected:
+        parts.append(f"{len(unexpected)} unexpected tensor(s) the model has no place for: {_some(unexpected)}")
+    raise CheckpointError(
+        f"{source}: the checkpoint does not match {model_name} (config.json): {'; '.join(parts)}. Missing weights "
+        "would be randomly initialised. Fix the checkpoint or config.json, or pass strict=False to "
+        "from_pretrained to load anyway"
+    )
+
+
+def _some(names: set[str], limit: int = 8) -> str:
+    ordered = sorted(names)
+    more = f" and {len(ordered) - limit} more" if len(ordered) > limit else ""
+    return ", ".join(ordered[:limit]) + more
