@@ -193,6 +193,15 @@ def diffusion_loss(answer_logits: torch.Tensor, clean: torch.Tensor, masked: tor
     return loss
 
 
+def optimizer_step(model, optimizer, loss: torch.Tensor, router_logits, bias_rate: float) -> None:
+    """One AdamW step with gradient clipping, then the aux-loss-free expert-bias update (both toys)."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    update_expert_bias(model, router_logits, bias_rate)
+
+
 @torch.no_grad()
 def update_expert_bias(model: OledLLaDA2ForDiffusionLM, router_logits, rate: float) -> None:
     """LLaDA2's auxiliary-loss-free balancing: raise under-loaded experts' bias, lower over-loaded ones'."""
@@ -293,11 +302,7 @@ def train_toy(
         out_ = model(input_ids=noised, block_length=block_length, output_router_logits=True,
                      logits_to_keep=canvas_length - p)
         loss = diffusion_loss(out_.logits, clean, masked, t, unmasked_too=substitution > 0)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        update_expert_bias(model, out_.router_logits, bias_rate)
+        optimizer_step(model, optimizer, loss, out_.router_logits, bias_rate)
         losses.append(loss.item())
         bar.update()
         if log_every and (step + 1) % log_every == 0:

@@ -28,7 +28,7 @@ from transformers import GenerationConfig
 
 from ...modeling import OledLLaDA2ForDiffusionLM
 from ...modeling.experts import RESIDENT_EXECUTOR
-from ..train import lr_at, set_executor, toy_config, training_executor, update_expert_bias
+from ..train import lr_at, optimizer_step, set_executor, toy_config, training_executor
 from . import REPORT_NAME
 from .data import LongEncoding, NoisedBatch, noise_batch, required_canvas, sample_batch
 from .tasks import TaskSpec, parse_mix
@@ -147,11 +147,7 @@ def train_long(
         out_ = model(input_ids=batch.noised, block_length=block_length, output_router_logits=True,
                      logits_to_keep=canvas_length - keep_from)
         loss = block_diffusion_loss(out_.logits, batch, keep_from)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        update_expert_bias(model, out_.router_logits, bias_rate)
+        optimizer_step(model, optimizer, loss, out_.router_logits, bias_rate)
         losses.append(loss.item())
         if log_every and (step + 1) % log_every == 0:
             elapsed = time.perf_counter() - start
