@@ -8,7 +8,7 @@ layer, runs lm-eval's ``toy_addition`` through ``oled_llada2`` and compares ever
 with the fully resident model. Default data: the committed 500 held-out problems
 (eval/tasks/toy_addition/data); ``--full`` writes and uses the complete held-out split (~25k).
 ``--long`` checks the long-answer toy (oled_hf/toy/long/checkpoint) on its four lm-eval tasks
-(long_reverse, long_spell, long_count, long_add) at 10% and 40% of routed-expert bytes.
+(long_reverse_labeled, long_spell_labeled, long_count, long_add) at 10% and 40% of routed-expert bytes.
 Exit status 1 when any row differs.
 """
 

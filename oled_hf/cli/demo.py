@@ -8,17 +8,20 @@ import time
 from pathlib import Path
 
 from ..offload.config import KNOWN_POLICIES
-from .common import add_model_argument, cpu_compute_note, default_model_path, resolve_model
+from .common import cpu_compute_note, default_model_path, resolve_model
 
 DEFAULT_PROMPTS = ["What is 123+456?", "Tell me about the sea."]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="generate with offloaded experts and compare with full residency")
-    add_model_argument(p)
+    p.add_argument("--model", default=None,
+                   help="checkpoint folder with config.json (default: the shipped long-answer toy, "
+                        "oled_hf/toy/long/checkpoint)")
     p.add_argument("--prompt", action="append",
                    help="prompt (repeatable; default: held-out questions for the toy, sample prompts otherwise)")
-    p.add_argument("--max-new-tokens", type=int, default=32, help="most new tokens per answer")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="most new tokens per answer (default: the checkpoint's generation_config)")
     p.add_argument("--block-length", type=int, default=None,
                    help="diffusion block length (default: the checkpoint's generation_config)")
     p.add_argument("--threshold", type=float, default=None,
@@ -57,10 +60,23 @@ class BlockPrinter:
         print(flush=True)
 
 
+def default_demo_model() -> Path | None:
+    """The long-answer toy (answers over several blocks, the workload offloading is for), if installed."""
+    try:
+        from ..toy.long import LONG_CHECKPOINT
+    except ImportError:
+        return default_model_path()
+    return Path(LONG_CHECKPOINT)
+
+
 def default_prompts(path: Path) -> list[str]:
-    """The toy's held-out questions when ``path`` is the shipped toy, else general sample prompts."""
-    default = default_model_path()
-    if default is not None and path.resolve() == default.resolve():
+    """Held-out questions when ``path`` is one of the shipped toys, else general sample prompts."""
+    toy, long = default_model_path(), default_demo_model()
+    if long is not None and path.resolve() == long.resolve():
+        from ..toy.long import demo_prompts as long_prompts
+
+        return long_prompts()
+    if toy is not None and path.resolve() == toy.resolve():
         from ..toy import demo_prompts
 
         return demo_prompts()
@@ -75,7 +91,8 @@ def demo(args: argparse.Namespace) -> int:
 
     from ..checkpoints.tokenizer import load_tokenizer
 
-    path = resolve_model(args.model)  # never created here: a folder the user named is only read
+    # never created here: a folder the user named is only read
+    path = resolve_model(args.model if args.model is not None else default_demo_model())
     prompts = args.prompt or default_prompts(path)
     tok = load_tokenizer(path)
     config = oled_hf.OffloadConfig(cache_ratio=args.cache_ratio, policy=args.policy)
@@ -87,7 +104,9 @@ def demo(args: argparse.Namespace) -> int:
           f"({stats['slots_per_layer']:.1f} per MoE layer, {args.cache_ratio:.0%} of routed-expert bytes), "
           f"{stats['pool_bytes'] / 2**20:.2f} MiB on {stats['device']}, store {stats['host_bytes'] / 2**20:.2f} MiB; "
           f"{cpu_compute_note(stats)}")
-    gen = dict(max_new_tokens=args.max_new_tokens, return_dict_in_generate=True)
+    gen = dict(return_dict_in_generate=True)
+    if args.max_new_tokens is not None:
+        gen["max_new_tokens"] = args.max_new_tokens
     gen.update({k: v for k, v in dict(block_length=args.block_length, threshold=args.threshold).items() if v})
     warm = tok("warm up", return_tensors="pt")
     for model in (resident, offloaded):  # first calls pay one-off costs; keep them out of the timing

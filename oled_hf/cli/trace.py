@@ -26,6 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="most new tokens per prompt (default: the checkpoint's generation_config)")
     r.add_argument("--threshold", type=float, default=None,
                    help="confidence threshold to commit a token (default: the checkpoint's generation_config)")
+    r.add_argument("--steps", type=int, default=None,
+                   help="denoising steps per block (default: the checkpoint's generation_config; "
+                        "give the block length when overriding it, so at least one token commits per step)")
     r.add_argument("--decoding", choices=["quality", "speed"], default=None,
                    help="LLaDA2.1 decoding preset (default: the checkpoint's generation_config)")
     r.add_argument("--editing-threshold", type=float, default=None, help="LLaDA2.1 token editing (default: off)")
@@ -104,7 +107,7 @@ def record(args: argparse.Namespace) -> int:
     model = AutoModelForCausalLM.from_pretrained(path, device_map=resolve_device(args.device)).eval()
     tok = load_tokenizer(path)
     gen = {k: v for k, v in dict(block_length=args.block_length, max_new_tokens=args.max_new_tokens,
-                                  threshold=args.threshold, decoding=args.decoding,
+                                  threshold=args.threshold, steps=args.steps, decoding=args.decoding,
                                   editing_threshold=args.editing_threshold,
                                   max_post_steps=args.max_post_steps).items() if v is not None}
     recorder = TraceRecorder(model, decoding=gen)

@@ -15,7 +15,7 @@ from ..offload.config import KNOWN_POLICIES
 
 TASK = "toy_addition"
 # The long-answer toy's tasks (eval/tasks/long_answer) and the budgets its parity check uses.
-LONG_TASKS = ("long_reverse", "long_spell", "long_count", "long_add")
+LONG_TASKS = ("long_reverse_labeled", "long_spell_labeled", "long_count", "long_add")
 LONG_BUDGETS = (("cache_ratio", 0.1), ("cache_ratio", 0.4))
 METRIC = "exact_match,none"
 DEFAULT_BUDGETS = (("cache_ratio", 0.4), ("cache_size", 1))

@@ -68,7 +68,7 @@ def test_addition_working():
 
 def test_task_spec_parsing():
     assert str(TaskSpec.parse("count:2:8-12")) == "count:2:8-12"
-    assert TaskSpec.parse("add") == TaskSpec("add", 1.0, 3, 6)
+    assert TaskSpec.parse("add") == TaskSpec("add", 1.0, 4, 4)
     assert [t.name for t in parse_mix(["reverse", "spell:0.5"])] == ["reverse", "spell"]
     assert parse_mix(None) == DEFAULT_MIX
     for bad in ("sort", "add:0", "add:1:5-3", "add:1:2:3"):
@@ -86,20 +86,25 @@ def test_canvas_and_block_diffusion_noise(enc):
     pos = torch.arange(canvas)[None, :]
     assert not (batch.masked & (pos < lengths[:, None])).any()  # the prompt is never masked
     assert torch.equal(batch.noised == enc.mask, batch.masked)
+    near = 0
     for i in range(len(problems)):
         masked = batch.masked[i].nonzero().flatten()
         if len(masked):  # everything before the first masked position's block is clean
             block_start = int(masked[0]) // 16 * 16
             assert not batch.masked[i, :block_start].any()
-            assert int(masked[0]) < int(lengths[i]) + len(enc.answer_ids([problems[i].answer])[0]) + 16
+            near += int(masked[0]) < int(lengths[i]) + len(enc.answer_ids([problems[i].answer])[0]) + 16
+    # the current block is drawn up to the EOS's block; only a current block that drew no mask
+    # (small t) leaves the first masked position further out
+    assert near >= 0.8 * len(problems), near
     with pytest.raises(ValueError, match="canvas_length"):
         enc.canvases(problems, 40)
 
 
 def test_jsonl_files(tmp_path):
     paths = write_jsonl(tmp_path, DEFAULT_MIX[:2], n_train=5, n_heldout=7)
-    assert sorted(paths) == ["reverse/test", "reverse/train", "spell/test", "spell/train"]
-    assert len(paths["spell/test"].read_text().splitlines()) == 7
+    assert sorted(paths) == ["reverse_labeled/test", "reverse_labeled/train", "spell_labeled/test",
+                             "spell_labeled/train"]
+    assert len(paths["spell_labeled/test"].read_text().splitlines()) == 7
 
 
 def test_committed_eval_data_is_current(tmp_path):
@@ -118,3 +123,15 @@ def test_answer_for_solves_every_task():
         for p in heldout_problems(spec, 20):
             assert answer_for(p.question) == p.answer
     assert answer_for("What is 1+2?") is None
+
+
+def test_trace_prompts_come_from_the_split_asked():
+    from oled_hf.toy.long.tasks import parse_mix
+    from oled_hf.toy.long.traces import heldout_questions
+
+    ckpt = "/nonexistent"  # no report there: the default mix
+    held, dev = heldout_questions(ckpt, 3, "held-out"), heldout_questions(ckpt, 3, "dev")
+    assert len(held) == len(dev) == 3 * len(parse_mix(None)) and not set(held) & set(dev)
+    assert held[0].split()[0] != held[1].split()[0]  # round-robin over tasks
+    with pytest.raises(ValueError, match="split 'test': expected one of held-out, dev"):
+        heldout_questions(ckpt, 1, "test")

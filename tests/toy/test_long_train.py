@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -52,3 +53,39 @@ def test_time_schedule_reaches_the_floor():
     assert scheduled_lr(0, 100, 1.0, 10, 0.0, None) == 0.1  # warmup step 1 of 10
     assert abs(scheduled_lr(50, 100, 1.0, 0, 600.0, 10.0) - 0.1) < 1e-9  # the time budget is spent
     assert scheduled_lr(50, 100, 1.0, 0, 0.0, 10.0) == scheduled_lr(50, 100, 1.0, 0, 0.0, None)
+
+
+def test_model_overrides_parse_to_the_field_type():
+    from oled_hf.toy.long.train import parse_overrides
+
+    assert parse_overrides(["hidden_size=192", "rope_theta=10000"]) == {"hidden_size": 192, "rope_theta": 10000.0}
+    assert isinstance(parse_overrides(["hidden_size=192"])["hidden_size"], int)
+    for bad, says in (("hidden=1", "FIELD one of hidden_size"), ("hidden_size", "FIELD=VALUE"),
+                      ("hidden_size=big", "must be of type int"), ("hidden_size=1.5", "must be of type int")):
+        try:
+            parse_overrides([bad])
+        except ValueError as e:
+            assert says in str(e), (bad, str(e))
+        else:
+            raise AssertionError(f"{bad} was accepted")
+
+
+def test_bad_model_override_is_a_usage_error(tmp_path, capsys):
+
+
+    with pytest.raises(SystemExit) as exc:
+        main([str(tmp_path / "x"), "--model", "nope=3"])
+    assert exc.value.code == 2 and "--model 'nope=3'" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_init_continues_a_checkpoint_and_records_its_lineage(tmp_path):
+    first = train_long(tmp_path / "a", MIX, seed=1, steps=2, **{**FAST, "save": True})
+    again = train_long(tmp_path / "b", MIX, seed=1, steps=2, init=tmp_path / "a",
+                       **{k: v for k, v in FAST.items() if k != "model_overrides"}, command=["x"])
+    assert again["init"] == str(tmp_path / "a") and again["previous"]["steps"] == 2
+    assert again["model"]["hidden_size"] == MICRO["hidden_size"]
+    a, b = first["trained_model"].state_dict(), again["trained_model"].state_dict()
+    assert any(not torch.equal(a[k], b[k]) for k in a)  # it trained on
+    with pytest.raises(ValueError, match="cannot be combined with --init"):
+        train_long(tmp_path / "c", MIX, steps=1, init=tmp_path / "a", **FAST)

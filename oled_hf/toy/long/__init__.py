@@ -1,8 +1,8 @@
 """A second trained toy LLaDA2 MoE, shaped like LLaDA2.0-mini's routing, whose answers span many blocks.
 
 256 routed experts, top-8 over 8 groups keeping 4, one shared expert, layer 0 dense; four
-synthetic tasks (reverse, spell, count, step-by-step addition) with 24-64-token answers, so a
-greedy decode at block 16 / threshold 0.95 runs several blocks of several iterations each: the
+synthetic tasks (reverse and spell labelled digits, count, step-by-step addition) with 24-51-token
+answers, so a greedy decode at block 16 / threshold 0.95 runs several blocks of several iterations each: the
 routing traces retention policies are meant for. ``LONG_CHECKPOINT`` is the shipped checkpoint;
 ``python -m oled_hf.toy.long.train OUT`` rebuilds it; ``python -m oled_hf.toy.long.evaluate``
 prints its figures.
@@ -23,9 +23,8 @@ def load_mix(checkpoint: str | os.PathLike = LONG_CHECKPOINT):
     from .tasks import DEFAULT_MIX, parse_mix
 
     path = Path(checkpoint) / REPORT_NAME
-    if path.is_file():
-        return parse_mix(json.loads(path.read_text())["tasks"])
-    return DEFAULT_MIX
+    tasks = json.loads(path.read_text()).get("tasks") if path.is_file() else None
+    return parse_mix(tasks) if tasks else DEFAULT_MIX
 
 
 def demo_prompts(n_per_task: int = 1) -> list[str]:

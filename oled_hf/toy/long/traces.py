@@ -1,8 +1,9 @@
 """Record routing traces of the long-answer toy on held-out prompts (for ``oled-moe trace replay``, sim/).
 
-``python -m oled_hf.toy.long.traces OUT.pt [--n-per-task 25] [--block-length 16] [--threshold 0.95]``
+``python -m oled_hf.toy.long.traces OUT.pt [--n-per-task 25] [--block-length 16] [--threshold 0.95] [--split dev]``
 
-Prompts are the first held-out problems of each task of the checkpoint's mix, interleaved task
+Prompts are the first held-out problems of each task of the checkpoint's mix (``--split dev``:
+training-split problems, for tuning policies without looking at held-out routing), interleaved task
 by task, each decoded greedily with ``generate`` (batch 1, the checkpoint's generation config
 unless overridden) while :class:`~oled_hf.sim.recorder.TraceRecorder` records every forward's
 routing and every iteration event.
@@ -17,17 +18,22 @@ import torch
 
 from . import LONG_CHECKPOINT, load_mix
 
+SPLITS = ("held-out", "dev")
 
-def heldout_questions(checkpoint, n_per_task: int) -> list[str]:
-    """Round-robin over the mix's tasks: task 1 #1, task 2 #1, ..., task 1 #2, ..."""
-    from .tasks import heldout_problems
 
-    per_task = [heldout_problems(spec, n_per_task) for spec in load_mix(checkpoint)]
+def heldout_questions(checkpoint, n_per_task: int, split: str = "held-out") -> list[str]:
+    """Round-robin over the mix's tasks: task 1 #1, task 2 #1, ..., task 1 #2, ...; ``dev`` = training split."""
+    from .tasks import heldout_problems, train_problems
+
+    if split not in SPLITS:
+        raise ValueError(f"split {split!r}: expected one of {', '.join(SPLITS)}")
+    pick = heldout_problems if split == "held-out" else train_problems
+    per_task = [pick(spec, n_per_task) for spec in load_mix(checkpoint)]
     return [problems[i].question for i in range(n_per_task) for problems in per_task]
 
 
 def record_trace(out: str | Path, checkpoint: str | Path = LONG_CHECKPOINT, *, n_per_task: int = 25,
-                 block_length: int | None = None, threshold: float | None = None) -> dict:
+                 block_length: int | None = None, threshold: float | None = None, split: str = "held-out") -> dict:
     """Decode the held-out prompts and save their trace to ``out``; returns counts for the caller to print."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -42,7 +48,7 @@ def record_trace(out: str | Path, checkpoint: str | Path = LONG_CHECKPOINT, *, n
         gen["steps"] = gen["block_length"]
     recorder = TraceRecorder(model, decoding=gen)
     recorder.writer.header["block_length"] = gen.get("block_length", recorder.writer.header["block_length"])
-    questions = heldout_questions(checkpoint, n_per_task)
+    questions = heldout_questions(checkpoint, n_per_task, split)
     new_tokens = 0
     for i, q in enumerate(questions):
         recorder.begin_sequence(i)
@@ -65,12 +71,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--block-length", type=int, default=None)
     parser.add_argument("--threshold", type=float, default=None)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--split", choices=SPLITS, default="held-out",
+                        help="held-out problems (reports) or training problems (dev: policy tuning)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     r = record_trace(args.out, args.model, n_per_task=args.n_per_task, block_length=args.block_length,
-                     threshold=args.threshold)
-    print(f"recorded {r['prompts']} held-out prompts, {r['forwards']} forwards, {r['new_tokens']} new tokens "
+                     threshold=args.threshold, split=args.split)
+    print(f"recorded {r['prompts']} {args.split} prompts, {r['forwards']} forwards, {r['new_tokens']} new tokens "
           f"-> {r['path']}")
 
 

@@ -36,7 +36,7 @@ from .tokenizer import build_long_tokenizer
 
 LONG_MODEL = dict(
     hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-    partial_rotary_factor=0.5, rotary_dim=16, rope_theta=600000.0, intermediate_size=256, first_k_dense_replace=1,
+    partial_rotary_factor=0.5, rotary_dim=16, rope_theta=10000.0, intermediate_size=256, first_k_dense_replace=1,
     num_experts=256, num_experts_per_tok=8, num_shared_experts=1, moe_intermediate_size=16, n_group=8,
     topk_group=4, routed_scaling_factor=2.5, max_position_embeddings=256,
 )
@@ -107,6 +107,7 @@ def train_long(
     eval_every: int = 500,
     save: bool = True,
     model_overrides: dict | None = None,
+    init: str | os.PathLike | None = None,
     command: list[str] | None = None,
     log=print,
 ) -> dict:
@@ -119,7 +120,17 @@ def train_long(
     canvas_length = canvas_length or required_canvas(enc, mix, max(block_lengths))
     config = toy_config(tokenizer, **{**LONG_MODEL, **(model_overrides or {})})
     torch.manual_seed(seed)
-    model = OledLLaDA2ForDiffusionLM(config)
+    previous = None
+    if init is not None:  # continue training a saved long-answer toy (a fresh warmup + cosine over ``steps``)
+        if model_overrides:
+            raise ValueError("--model overrides cannot be combined with --init (the shapes come from the checkpoint)")
+        model = OledLLaDA2ForDiffusionLM.from_pretrained(init, dtype=torch.float32)
+        config = model.config
+        report_path = Path(init) / REPORT_NAME
+        if report_path.is_file():
+            previous = {k: v for k, v in json.loads(report_path.read_text()).items() if k not in ("curve", "heldout")}
+    else:
+        model = OledLLaDA2ForDiffusionLM(config)
     model.train()
     set_executor(model, training_executor())
     rng = random.Random(seed)
@@ -158,7 +169,8 @@ def train_long(
                           **_quick_eval(model, tokenizer, mix, quick_eval_n)})
             log(f"quick held-out ({quick_eval_n}/task): {curve[-1]}")
             if save:  # an intermediate checkpoint to look at while training goes on (overwritten at the end)
-                _save(model, out, config, {"partial": True, "step": step + 1, "curve": curve})
+                _save(model, out, config, {"partial": True, "tasks": [str(t) for t in mix], "step": step + 1,
+                                           "curve": curve})
     else:
         step = steps
     train_seconds = time.perf_counter() - start
@@ -172,7 +184,9 @@ def train_long(
         "lr_schedule_over": f"{minutes} minutes" if time_schedule else f"{steps} steps",
         "train_seconds": round(train_seconds, 1), "threads": torch.get_num_threads(), "batch_size": batch_size,
         "lr": lr, "warmup": warmup, "block_lengths": list(block_lengths), "canvas_length": canvas_length,
-        "bias_rate": bias_rate, "model": {**LONG_MODEL, **(model_overrides or {})},
+        "bias_rate": bias_rate,
+        "model": {k: getattr(config, k) for k in LONG_MODEL},
+        "init": None if init is None else str(init), "previous": previous,
         "parameters": sum(p.numel() for p in model.parameters()),
         "loss_first_10": sum(losses[:10]) / max(1, len(losses[:10])),
         "loss_last_100": sum(losses[-100:]) / max(1, len(losses[-100:])),
@@ -193,6 +207,21 @@ def train_long(
     return report
 
 
+def parse_overrides(items: list[str]) -> dict:
+    """``FIELD=VALUE`` pairs for ``LONG_MODEL`` fields, each value parsed as the field's type."""
+    out: dict = {}
+    for item in items:
+        field, sep, value = item.partition("=")
+        if not sep or field not in LONG_MODEL:
+            raise ValueError(f"--model {item!r}: expected FIELD=VALUE with FIELD one of {', '.join(LONG_MODEL)}")
+        kind = type(LONG_MODEL[field])
+        try:
+            out[field] = kind(float(value)) if kind is int and float(value).is_integer() else kind(value)
+        except ValueError:
+            raise ValueError(f"--model {item!r}: {field} must be of type {kind.__name__}") from None
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", help="checkpoint folder to write")
@@ -209,11 +238,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--eval-n", type=int, default=200, help="held-out problems per task for the report")
     parser.add_argument("--eval-every", type=int, default=500, help="quick held-out check and checkpoint save")
     parser.add_argument("--threads", type=int, default=1, help="torch threads; 1 is bitwise reproducible")
+    parser.add_argument("--init", default=None,
+                        help="continue from this checkpoint (its shapes and weights; a new schedule over --steps)")
+    parser.add_argument("--model", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override a LONG_MODEL config field (repeatable), e.g. --model hidden_size=192")
     args = parser.parse_args(argv)
+    try:
+        overrides = parse_overrides(args.model)
+    except ValueError as e:
+        parser.error(str(e))
     report = train_long(args.out, parse_mix(args.task), seed=args.seed, steps=args.steps, minutes=args.minutes,
                         time_schedule=args.time_schedule,
                         batch_size=args.batch_size, lr=args.lr, eval_n=args.eval_n, eval_every=args.eval_every,
-                        warmup=args.warmup,
+                        warmup=args.warmup, model_overrides=overrides, init=args.init,
                         threads=args.threads, command=["python", "-m", "oled_hf.toy.long.train", *sys.argv[1:]]
                         if argv is None else ["python", "-m", "oled_hf.toy.long.train", *argv],
                         log=lambda s: print(s, flush=True))
