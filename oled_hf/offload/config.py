@@ -57,8 +57,10 @@ class OffloadConfig:
     oled_block_decay: float = 0.25
     oled_min_stability: float = 0.05
     oled_gate_power: float = 0.5
-    oled_frequency_weight: float = 1.0
+    oled_frequency_weight: float = 0.0
     oled_frequency_decay: float = 0.99
+    oled_background_copies: int = 2  # reuse copies per access of CPU-computed misses (planner rule 4)
+    oled_background_min_reuse: float = 1.0
     # layer-adaptive allocation knobs
     rebalance_damping: float = 0.5
     min_slots_per_layer: int = 1
@@ -105,6 +107,11 @@ class OffloadConfig:
         self._check_unit("oled_block_decay", low_open=False)
         self._check_unit("oled_min_stability", low_open=True)
         self._check_unit("oled_frequency_decay", low_open=False)
+        if not _is_int(self.oled_background_copies) or int(self.oled_background_copies) < 0:
+            raise ValueError(f"oled_background_copies={self.oled_background_copies!r} is invalid: must be an int >= 0")
+        if not _is_real(self.oled_background_min_reuse) or float(self.oled_background_min_reuse) < 0:
+            raise ValueError(f"oled_background_min_reuse={self.oled_background_min_reuse!r} is invalid: "
+                             "must be a number >= 0")
         if not _is_real(self.oled_frequency_weight) or float(self.oled_frequency_weight) < 0:
             raise ValueError(f"oled_frequency_weight={self.oled_frequency_weight!r} is invalid: must be a number >= 0")
         self._check_unit("rebalance_damping", low_open=True)

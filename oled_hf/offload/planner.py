@@ -11,12 +11,20 @@ expert not requested now, else (the request exceeds the layer's capacity) the lo
 expert of this access that was already computed. The live runtime computes each copied expert
 right after it lands, so reusing a slot within an access is safe, and the device never holds
 more than ``capacities[layer]`` experts of a layer.
+
+Rule 4 (reuse copies; on where the policy sets ``background_copies``): of the misses sent to the
+CPU, up to ``background_copies`` whose predicted reuse is at least ``background_min_reuse``
+(highest reuse first, ties by id) are *also* copied into a slot after the access's own copies:
+the CPU result serves this access, the copy serves the next one. Each takes a free slot, else
+evicts the lowest-priority resident expert not requested now, and only one of lower priority than
+itself; the first candidate that finds no such slot ends the rule. The copy engine is otherwise
+idle while the CPU computes the misses, so these copies cost bandwidth and slots, not latency.
 """
 
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -36,6 +44,9 @@ class LayerPlan:
     slot_of: dict[int, int]  # expert -> slot for every GPU-computed expert of this access
     layer: int = -1
     counts: np.ndarray | None = None  # tokens routed to each expert, [num_experts]
+    # reuse copies (rule 4): CPU-computed experts also copied into a slot off the critical path,
+    # (expert, slot, evicted_expert_or_None); nothing of this access reads them
+    background: list[tuple[int, int, int | None]] = field(default_factory=list)
 
 
 class SlotMove(NamedTuple):
@@ -127,6 +138,7 @@ class CacheState:
         if n_hits:
             self._unhit[layer][hits] = False
         copies = self._place(layer, copies_e, counts, hits_l, policy, plan_slots) if copies_e.size else []
+        background = self._background(layer, cpu_l, counts, policy) if cpu_l and policy.background_copies else []
 
         st = self.stats
         st.accesses[layer] += 1
@@ -137,7 +149,48 @@ class CacheState:
         st.cpu_experts[layer] += len(cpu_l)
         st.cpu_expert_tokens[layer] += cpu_tokens
         st.gpu_expert_tokens[layer] += total_tokens - cpu_tokens  # every routed token runs somewhere
-        return LayerPlan(hits_l, copies, cpu_l, plan_slots, layer, counts)
+        return LayerPlan(hits_l, copies, cpu_l, plan_slots, layer, counts, background)
+
+    def _background(
+        self, layer: int, cpu_l: list[int], counts: np.ndarray, policy: CachePolicy
+    ) -> list[tuple[int, int, int | None]]:
+        """Rule 4: reuse copies of CPU-computed misses; applied to residency and stats here."""
+        cand = np.asarray(cpu_l, dtype=np.int64)
+        reuse = policy.reuse_of(layer, cand)
+        keep = reuse >= policy.background_min_reuse
+        if not keep.any():
+            return []
+        cand, reuse = cand[keep], reuse[keep]
+        cand = cand[np.argsort(-reuse, kind="stable")][: policy.background_copies].tolist()
+        prio = policy.priority_array(layer)
+        free = self._free[layer]
+        slot_of_layer = self._slot_of[layer]
+        victims: list[int] = []
+        if len(cand) > len(free):
+            vic = (self._resident[layer] & (counts == 0)).nonzero()[0]
+            victims = vic[np.argsort(prio[vic], kind="stable")][: len(cand) - len(free)].tolist()
+        copies: list[tuple[int, int, int | None]] = []
+        evicted_all: list[int] = []
+        vi = 0
+        for e in cand:
+            evicted: int | None = None
+            if free:
+                slot = free.pop()
+            elif vi < len(victims) and prio[victims[vi]] < prio[e]:
+                evicted = victims[vi]
+                vi += 1
+                slot = slot_of_layer.pop(evicted)
+                evicted_all.append(evicted)
+            else:
+                break
+            slot_of_layer[e] = slot
+            copies.append((e, slot, evicted))
+        if copies:
+            self._apply_copies(layer, [c[0] for c in copies], copies, evicted_all, streamed=False)
+            st = self.stats
+            st.copies[layer] += len(copies)
+            st.bytes_copied[layer] += len(copies) * self.expert_bytes
+        return copies
 
     def _split_misses(
         self,
@@ -160,9 +213,11 @@ class CacheState:
         if admitted is not None and not np.count_nonzero(admitted):
             return misses[:0], misses.tolist(), int(np.add.reduce(miss_tokens))
         hit_tokens = total_tokens - int(np.add.reduce(miss_tokens))
+        # with reuse copies (rule 4) a miss's reuse is served off the critical path: split for this access alone
+        reuse = policy.reuse_of(layer, misses) if not policy.background_copies else np.zeros(misses.size)
         copy_mask = dispatcher.split(
             miss_tokens,
-            policy.reuse_of(layer, misses),
+            reuse,
             admitted,
             self.capacities[layer] - n_hits,
             n_hits,

@@ -251,6 +251,10 @@ def replay(
                 start, plan_ready = tl.begin_layer(nonexpert, host)
                 if plan.copies:
                     ready[l, [c[0] for c in plan.copies]] = tl.copies(len(plan.copies), plan_ready)
+                if plan.background:  # behind the demand copies; the layer does not wait for them
+                    for _, _, ev in plan.background:
+                        book.evicted(l, ev)
+                    ready[l, [c[0] for c in plan.background]] = tl.copies(len(plan.background), plan_ready)
                 r = ready[l, gpu_e] if gpu_e else np.zeros(0)
                 g = cm.gpu_times(counts[gpu_e]) if gpu_e else np.zeros(0)
                 cpu = float(cm.cpu_times(counts[plan.cpu]).sum()) if plan.cpu else 0.0

@@ -39,15 +39,18 @@ def _trace(name):
     return _TRACE_CACHE[name]
 
 
-def plan_digest(trace, policy, cache_size, cpu_compute, layer_adaptive=True, oled_frequency_weight=0.0):
+def plan_digest(trace, policy, cache_size, cpu_compute, layer_adaptive=True, oled_frequency_weight=0.0,
+                oled_background_copies=0):
     """Replay ``trace``; sha256 over every plan, rebalance and the final stats (first 16 hex digits).
 
     Even forwards feed torch tensors (what the live executor passes), odd ones NumPy arrays (replay).
     The references were computed before the planner was optimised, with OLED's stability rule
-    alone (its slow popularity term came later), hence ``oled_frequency_weight=0`` by default.
+    alone (its slow popularity term came later), hence ``oled_frequency_weight=0`` by default, and
+    without OLED's reuse copies (planner rule 4, later too), hence ``oled_background_copies=0``.
     """
     config = OffloadConfig(cache_size=cache_size, policy=policy, cpu_compute=cpu_compute,
-                           layer_adaptive=layer_adaptive, oled_frequency_weight=oled_frequency_weight)
+                           layer_adaptive=layer_adaptive, oled_frequency_weight=oled_frequency_weight,
+                           oled_background_copies=oled_background_copies)
     ctrl = CacheController(config, trace.num_layers, trace.num_experts, CostModel.h200_pcie5(512, 128))
     h = hashlib.sha256()
     forwards = 0
@@ -152,6 +155,25 @@ def _id(case):
 def test_plans_match_reference(case):
     t, p, c, cpu, la = case
     assert plan_digest(_trace(t), p, c, cpu, la) == REFERENCE[_id(case)]
+
+
+# OLED's defaults since reuse copies (planner rule 4): 2 per access, no slow popularity term.
+# These pin the new decisions; the references above keep the earlier rule (background copies off).
+REUSE_CASES = [("e64", 26, "auto"), ("e64", 6, "auto"), ("e256", 40, "auto"), ("e48k6", 5, "on")]
+REUSE_REFERENCE = {
+    'e64-c26-auto': '27ffde32d2016922',
+    'e64-c6-auto': '224e44d379ba0df1',
+    'e256-c40-auto': '1b674b454d32f602',
+    'e48k6-c5-on': 'cf58d17a518638a0',
+}
+
+
+@pytest.mark.parametrize("case", REUSE_CASES, ids=lambda c: f"{c[0]}-oled-c{c[1]}-{c[2]}-reuse")
+def test_oled_reuse_copy_plans_match_reference(case):
+    t, c, cpu = case
+    got = plan_digest(_trace(t), "oled", c, cpu, oled_background_copies=2)
+    assert got == REUSE_REFERENCE[f"{t}-c{c}-{cpu}"]
+    assert got != plan_digest(_trace(t), "oled", c, cpu)  # the rule changes decisions on every case
 
 
 if __name__ == "__main__":  # print the reference table (run once, before changing the planner)

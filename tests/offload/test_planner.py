@@ -40,6 +40,10 @@ class Device:
             layer_slots = [s for s, e in self.slots.items() if e is not None and self.state.slot_owner[s] == plan.layer]
             assert len(layer_slots) <= capacity
         assert set(plan.cpu).isdisjoint(computed)
+        for expert, slot, evicted in plan.background:  # reuse copies: after the access, of CPU experts
+            assert expert in plan.cpu and (evicted is None or evicted not in requested)
+            assert self.slots.get(slot) == evicted
+            self.slots[slot] = expert
 
 
 def test_hits_and_misses_count_unique_experts():
@@ -135,3 +139,36 @@ def test_capacity_validation():
         CacheState(2, 8, [3])
     with pytest.raises(ValueError, match="num_experts=8"):
         CacheState(1, 8, [9])
+
+
+def test_reuse_copies_cache_cpu_misses_off_the_critical_path():
+    """Planner rule 4: a CPU-computed miss with high predicted reuse is also copied into a slot
+    (free first, else evicting a lower-priority resident not requested now); it hits next access."""
+    policy = make_policy("oled", 1, 8)
+    policy.background_copies, policy.background_min_reuse = 1, 0.0
+    state = CacheState(1, 8, [2], expert_bytes=10)
+    cpu_all = Dispatcher(CM.with_overrides(h2d_gbps=1e-3), "on")  # copies so slow every miss goes to the CPU
+    rows = ids(3, 3, 3, 5)
+    policy.observe_access(0, rows, None, 1)
+    plan = state.plan(0, rows, None, policy, cpu_all)
+    assert sorted(plan.cpu) == [3, 5] and not plan.copies
+    assert [e for e, _, _ in plan.background] == [3]  # the higher-reuse one, at most one per access
+    assert plan.background[0][2] is None and 3 not in plan.slot_of  # a free slot; this access reads the CPU result
+    assert state.stats.copies[0] == 1 and state.stats.bytes_copied[0] == 10
+    policy.observe_access(0, rows, None, 2)
+    plan = state.plan(0, rows, None, policy, cpu_all)
+    assert plan.hits == [3] and plan.cpu == [5]
+    assert [e for e, _, _ in plan.background] == [5]  # the second slot was free
+    state.check_invariants()
+    slot5 = state.resident(0)[5]
+    rows = ids(6)  # full: 6 evicts the lowest-priority resident not requested now (5: fewer tokens than 3)
+    policy.observe_access(0, rows, None, 3)
+    plan = state.plan(0, rows, None, policy, cpu_all)
+    assert plan.cpu == [6] and plan.background == [(6, slot5, 5)]
+    policy.gate_power, policy.decay = 0.0, 1.0
+    rows = ids(*[7] * 1)  # 7's priority (one row) is below every resident's now: no eviction
+    policy._score[0][[3, 6]] += 10.0
+    policy.observe_access(0, rows, None, 4)
+    plan = state.plan(0, rows, None, policy, cpu_all)
+    assert plan.cpu == [7] and plan.background == []
+    state.check_invariants()

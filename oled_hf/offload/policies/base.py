@@ -68,6 +68,10 @@ class CachePolicy(IterationObserver):
     usage_decay: float = 0.8
     tracks_usage: ClassVar[bool] = True  # False in policies that override reuse_array
     uses_weights: ClassVar[bool] = False  # True if _update reads the gate weights (callers may skip converting them)
+    # planner rule 4: at most this many CPU-computed misses per access whose predicted reuse is at
+    # least ``background_min_reuse`` are also copied to a slot off the critical path (0 = off)
+    background_copies: int = 0
+    background_min_reuse: float = 1.0
 
     def __init__(self, num_layers: int, num_experts: int, **knobs: Any) -> None:
         if knobs:
