@@ -91,19 +91,31 @@ class Dispatcher:
         n_hits: int,
         hit_token_sum: float,
     ) -> np.ndarray:
-        """:meth:`decide` with the hits given as their number and total tokens (the planner's fast path)."""
+        """:meth:`decide` with the hits given as their number and total tokens."""
+        return np.array(self.choose(np.asarray(tokens), reuse, admitted, room, n_hits, hit_token_sum), dtype=bool)
+
+    def choose(
+        self,
+        tokens: np.ndarray,
+        reuse: np.ndarray,
+        admitted: np.ndarray | None,
+        room: int,
+        n_hits: int,
+        hit_token_sum: float,
+    ) -> list[bool]:
+        """:meth:`split` answering a list of bools (the planner's fast path: few misses stay in Python)."""
         m = len(tokens)
         if not self.cpu_enabled:
-            return np.ones(m, dtype=bool)
+            return [True] * m
         cm = self.cost_model
         assert cm is not None
         copy_t = cm.copy_time()
         g0 = cm.gpu_expert_fixed_s * n_hits + cm.gpu_s_per_token * hit_token_sum
         if m < self.small and copy_t > 0.0:
-            mask = self._split_small(cm, copy_t, g0, tokens.tolist(), np.asarray(reuse).tolist(), admitted, room)
-            if mask is not None:
-                return mask
-        return self._split_numpy(cm, copy_t, g0, tokens, reuse, admitted, room)
+            take = self._split_small(cm, copy_t, g0, tokens.tolist(), np.asarray(reuse).tolist(), admitted, room)
+            if take is not None:
+                return take
+        return self._split_numpy(cm, copy_t, g0, tokens, reuse, admitted, room).tolist()
 
     @staticmethod
     def _split_numpy(
@@ -143,7 +155,7 @@ class Dispatcher:
     def _split_small(
         cm: CostModel, copy_t: float, g0: float, tokens: list[int], reuse: list[float],
         admitted: np.ndarray | None, room: int,
-    ) -> np.ndarray | None:
+    ) -> list[bool] | None:
         """:meth:`_split_numpy` on Python floats, operation for operation (None: leave it to NumPy).
 
         Element-wise IEEE operations, a stable sort, running sums and "last minimum" are the same
@@ -153,19 +165,18 @@ class Dispatcher:
         handed back to the vectorised path.
         """
         m = len(tokens)
-        if m == 0:
-            return np.zeros(0, dtype=bool)
         ov, cf, cs = cm.cpu_overhead_s, cm.cpu_expert_fixed_s, cm.cpu_s_per_token
         gf, gs = cm.gpu_expert_fixed_s, cm.gpu_s_per_token
-        cpu = [ov + (n * cs if n * cs > cf else cf) for n in tokens]
+        cpu = [ov + (c if (c := n * cs) > cf else cf) for n in tokens]
         gpu = [gf + n * gs for n in tokens]
         r1 = [1.0 + (0.0 if 0.0 > r else r) for r in reuse]
         neg_key = [-(c * r / (g + copy_t)) for c, r, g in zip(cpu, r1, gpu)]
         if any(map(math.isnan, neg_key)):
             return None
         cand = range(m) if admitted is None else [i for i, a in enumerate(admitted.tolist()) if a]
+        take = [False] * m
         if not cand:
-            return np.zeros(m, dtype=bool)
+            return take
         order = sorted(cand, key=neg_key.__getitem__)  # stable: ties keep miss order, as argsort(kind="stable")
         c0 = cpu[0] if m == 1 else cpu[0] + cpu[1] if m == 2 else float(np.add.reduce(np.array(cpu)))
         best, best_span = 0, math.inf
@@ -179,6 +190,6 @@ class Dispatcher:
                 best, best_span = j + 1, span
         if best_span > (c0 if c0 > g0 else g0):
             best = 0
-        mask = np.zeros(m, dtype=bool)
-        mask[order[:best]] = True
-        return mask
+        for i in order[:best]:
+            take[i] = True
+        return take

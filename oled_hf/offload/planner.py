@@ -115,19 +115,21 @@ class CacheState:
 
         Call after ``policy.observe_access`` for the same access (the policy's priorities and reuse
         predictions then include it). ``topk_weights`` is unused here (the policy has seen it) and
-        kept for a uniform signature; ``counts`` (tokens per expert) may be passed if known.
+        kept for a uniform signature; ``counts`` (tokens per expert, the bincount of ``topk_ids``) may be
+        passed if known.
         """
         if policy.capacities is not self.capacities:
             policy.set_capacities(self.capacities)
+        ids = as_numpy(topk_ids)
         if counts is None:
-            counts = np.bincount(as_numpy(topk_ids).reshape(-1), minlength=self.num_experts)
+            counts = np.bincount(ids.reshape(-1), minlength=self.num_experts)
         req = counts.nonzero()[0]
         hit_mask = self._resident[layer][req]
         hits = req[hit_mask]
         misses = req[~hit_mask]
         hits_l = hits.tolist()
         n_hits = len(hits_l)
-        total_tokens = int(np.add.reduce(counts))
+        total_tokens = ids.size  # = counts.sum(): each route is one token of one expert
         copies_e, cpu_l, cpu_tokens = misses, [], 0
         if misses.size and dispatcher.cpu_enabled:
             copies_e, cpu_l, cpu_tokens = self._split_misses(
@@ -208,25 +210,25 @@ class CacheState:
         skips ranking them (and the policy's reuse prediction).
         """
         miss_tokens = counts[misses]
+        tokens, experts = miss_tokens.tolist(), misses.tolist()
         adm = policy.admission(layer)
         admitted = None if adm is None else adm[misses]
         if admitted is not None and not np.count_nonzero(admitted):
-            return misses[:0], misses.tolist(), int(np.add.reduce(miss_tokens))
-        hit_tokens = total_tokens - int(np.add.reduce(miss_tokens))
+            return misses[:0], experts, sum(tokens)
         # with reuse copies (rule 4) a miss's reuse is served off the critical path: split for this access alone
         reuse = policy.reuse_of(layer, misses) if not policy.background_copies else np.zeros(misses.size)
-        copy_mask = dispatcher.split(
+        take = dispatcher.choose(
             miss_tokens,
             reuse,
             admitted,
             self.capacities[layer] - n_hits,
             n_hits,
-            float(hit_tokens),
+            float(total_tokens - sum(tokens)),
         )
-        if np.count_nonzero(copy_mask) == misses.size:
+        if all(take):
             return misses, [], 0
-        on_cpu = ~copy_mask
-        return misses[copy_mask], misses[on_cpu].tolist(), int(np.add.reduce(miss_tokens[on_cpu]))
+        cpu = [e for e, t in zip(experts, take) if not t]
+        return misses[take], cpu, sum(n for n, t in zip(tokens, take) if not t)
 
     def _place(
         self,
