@@ -118,6 +118,8 @@ class OledPolicy(CachePolicy):
         # (route keys row*E+expert, ids shape, class per row, class counts, class per route)
         self._prev: list[tuple[np.ndarray, tuple[int, ...], np.ndarray, np.ndarray | None, np.ndarray] | None]
         self._prev = [None] * self.num_layers
+        # per layer, the calibrated stability per class (a new array whenever the calibration moves)
+        self._stab = [self.stability(l) for l in range(self.num_layers)]
         # per layer, what the lazy reuse needs: (flat route ids, stability per class, class per route)
         self._reuse_inputs: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None] = [None] * self.num_layers
         self._row_keys: dict[tuple[int, int], np.ndarray] = {}  # (rows, k) -> row*E per route
@@ -200,7 +202,7 @@ class OledPolicy(CachePolicy):
             cls_counts = None
         if self.calibrate:
             self._measure(layer, ids, cls, cls_counts, entry_cls)
-        stab = self.stability(layer)
+        stab = self._stab[layer]
         flat = ids.reshape(-1)
         if weights is None or self.gate_power == 0.0:
             entry = (stab / k)[entry_cls]  # = repeat(s_row / k, k)
@@ -265,6 +267,7 @@ class OledPolicy(CachePolicy):
             calib *= self.calibration_decay
             calib[0] += kept
             calib[1] += prev_counts
+            self._stab[layer] = self.stability(layer)
         self._prev[layer] = (keys, ids.shape, cls, cls_counts, entry_cls)
 
     # ------------------------------------------------------------------ ranking
