@@ -104,9 +104,9 @@ def evaluate(model, tokenizer, mix: tuple[TaskSpec, ...] = DEFAULT_MIX, *, n: in
 
 def format_table(result: dict) -> str:
     lines = [f"block {result['block_length']}, threshold {result['threshold']}",
-             f"{'task':<9} {'n':>5} {'exact':>7} {'iter/block':>11} {'tok/forward':>12} {'blocks/answer':>14}"]
+             f"{'task':<16} {'n':>5} {'exact':>7} {'iter/block':>11} {'tok/forward':>12} {'blocks/answer':>14}"]
     for row in result["tasks"] + [result["overall"]]:
-        lines.append(f"{row['task']:<9} {row['n']:>5} {row['exact_match']:>7.3f} {row['iterations_per_block']:>11.2f} "
+        lines.append(f"{row['task']:<16} {row['n']:>5} {row['exact_match']:>7.3f} {row['iterations_per_block']:>11.2f} "
                      f"{row['tokens_per_forward']:>12.2f} {row['blocks_per_answer']:>14.2f}")
     return "\n".join(lines)
 
