@@ -6,7 +6,8 @@
 # adds its traces at block 8/16/32 and batch 1/2/4/8 (held-out) and at block 16/32 on training
 # prompts (dev). The toy addition model and the random-weight `small` preset are recorded too; the
 # synthetic trace has LLaDA2.0-mini's shape (19 x 256, top-8).
-# LONG_ONLY=1 records only the long-answer model's traces; LONG_N (default 10) is problems per task.
+# LONG_ONLY=1 records only the long-answer model's traces; LONG_N (default 10) is problems per task;
+# LONG_SPLITS (default "held-out dev") which splits it records.
 set -euo pipefail
 OUT=${1:?usage: eval/record_traces.sh OUT [LONG_MODEL]}
 LONG=${2:-}
@@ -40,7 +41,7 @@ done
 fi
 if [ -n "$LONG" ]; then
   # LONG_N problems per task of the checkpoint's mix, interleaved (held-out: the report; dev: tuning only)
-  for SPLIT in held-out dev; do
+  for SPLIT in ${LONG_SPLITS:-held-out dev}; do
     "${PYTHON:-.venv/bin/python}" -c "import sys; from oled_hf.toy.long.traces import heldout_questions as q
 print('\n'.join(q(sys.argv[1], int(sys.argv[3]), sys.argv[2])))" "$LONG" $SPLIT "$LONG_N" > "$OUT/long-$SPLIT-prompts.txt"
     for B in 16 32; do
