@@ -42,7 +42,7 @@ fi
 if [ -n "$LONG" ]; then
   # LONG_N problems per task of the checkpoint's mix, interleaved (held-out: the report; dev: tuning only)
   for SPLIT in ${LONG_SPLITS:-held-out dev}; do
-    "${PYTHON:-.venv/bin/python}" -c "import sys; from oled_hf.toy.long.traces import heldout_questions as q
+    "${PYTHON:-.venv/bin/python}" -c "import sys; from oled_hf.toy.long.traces import split_questions as q
 print('\n'.join(q(sys.argv[1], int(sys.argv[3]), sys.argv[2])))" "$LONG" $SPLIT "$LONG_N" > "$OUT/long-$SPLIT-prompts.txt"
     for B in 16 32; do
       rec --model "$LONG" --prompts "$OUT/long-$SPLIT-prompts.txt" --block-length $B --steps $B \

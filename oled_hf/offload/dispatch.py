@@ -80,19 +80,8 @@ class Dispatcher:
         ``admitted``: per-miss admission (None = all); ``room``: copies that can stay cached;
         ``hit_tokens``: tokens of each hit (the GPU's work that is already decided).
         """
-        return self.split(np.asarray(tokens), reuse, admitted, room, len(hit_tokens), float(np.sum(hit_tokens)))
-
-    def split(
-        self,
-        tokens: np.ndarray,
-        reuse: np.ndarray,
-        admitted: np.ndarray | None,
-        room: int,
-        n_hits: int,
-        hit_token_sum: float,
-    ) -> np.ndarray:
-        """:meth:`decide` with the hits given as their number and total tokens."""
-        return np.array(self.choose(np.asarray(tokens), reuse, admitted, room, n_hits, hit_token_sum), dtype=bool)
+        take = self.choose(np.asarray(tokens), reuse, admitted, room, len(hit_tokens), float(np.sum(hit_tokens)))
+        return np.array(take, dtype=bool)
 
     def choose(
         self,
@@ -103,7 +92,10 @@ class Dispatcher:
         n_hits: int,
         hit_token_sum: float,
     ) -> list[bool]:
-        """:meth:`split` answering a list of bools (the planner's fast path: few misses stay in Python)."""
+        """:meth:`decide` with the hits given as their number and total tokens, answering a list of bools.
+
+        The planner's fast path: a layer has few misses, so they stay in Python lists.
+        """
         m = len(tokens)
         if not self.cpu_enabled:
             return [True] * m

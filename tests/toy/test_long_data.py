@@ -127,11 +127,11 @@ def test_answer_for_solves_every_task():
 
 def test_trace_prompts_come_from_the_split_asked():
     from oled_hf.toy.long.tasks import parse_mix
-    from oled_hf.toy.long.traces import heldout_questions
+    from oled_hf.toy.long.traces import split_questions
 
     ckpt = "/nonexistent"  # no report there: the default mix
-    held, dev = heldout_questions(ckpt, 3, "held-out"), heldout_questions(ckpt, 3, "dev")
+    held, dev = split_questions(ckpt, 3, "held-out"), split_questions(ckpt, 3, "dev")
     assert len(held) == len(dev) == 3 * len(parse_mix(None)) and not set(held) & set(dev)
     assert held[0].split()[0] != held[1].split()[0]  # round-robin over tasks
     with pytest.raises(ValueError, match="split 'test': expected one of held-out, dev"):
-        heldout_questions(ckpt, 1, "test")
+        split_questions(ckpt, 1, "test")

@@ -21,7 +21,7 @@ from . import LONG_CHECKPOINT, load_mix
 SPLITS = ("held-out", "dev")
 
 
-def heldout_questions(checkpoint, n_per_task: int, split: str = "held-out") -> list[str]:
+def split_questions(checkpoint, n_per_task: int, split: str = "held-out") -> list[str]:
     """Round-robin over the mix's tasks: task 1 #1, task 2 #1, ..., task 1 #2, ...; ``dev`` = training split."""
     from .tasks import heldout_problems, train_problems
 
@@ -48,7 +48,7 @@ def record_trace(out: str | Path, checkpoint: str | Path = LONG_CHECKPOINT, *, n
         gen["steps"] = gen["block_length"]
     recorder = TraceRecorder(model, decoding=gen)
     recorder.writer.header["block_length"] = gen.get("block_length", recorder.writer.header["block_length"])
-    questions = heldout_questions(checkpoint, n_per_task, split)
+    questions = split_questions(checkpoint, n_per_task, split)
     new_tokens = 0
     for i, q in enumerate(questions):
         recorder.begin_sequence(i)
