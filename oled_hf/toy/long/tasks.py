@@ -114,12 +114,62 @@ def addition_working(a: int, b: int) -> str:
     return ",".join(steps) + f";{a + b}"
 
 
-def make_add(rng: random.Random, size: int) -> Problem:
+def make_count_padded(rng: random.Random, size: int) -> Problem:
+    """``Count 8 terms from 047 by 07`` -> ``047,054,061,...``: every term three digits wide.
+
+    With a fixed width each digit sits exactly four tokens after the same digit of the term before
+    (a constant relative offset, which RoPE attention finds by position alone), where the plain
+    ``count``'s terms grow from one to three digits and move every later digit.
+    """
+    start = rng.randint(*COUNT_START)
+    step = rng.randint(*COUNT_STEP)
+    terms = ",".join(f"{start + i * step:03d}" for i in range(size))
+    return Problem("count_padded", f"{start}/{step}", f"Count {size} terms from {start:03d} by {step:02d}", terms)
+
+
+def _labelled_addends(a: int, b: int) -> tuple[str, str, int]:
+    width = max(len(str(a)), len(str(b)))
+    return str(a).zfill(width), str(b).zfill(width), width
+
+
+def labelled_addition_working(a: int, b: int) -> str:
+    """Labelled column sums right to left, then the labelled sum (``add_labeled``'s answer).
+
+    ``4721+839`` (labels A-D for the first addend's columns, I-L for the second's):
+    ``D1+L9+0=10,C2+K3+1=06,B7+J8+0=15,A4+I0+1=05;A5B5C6D0``; a final carry is written first
+    (``;1A0...``). Each digit is found by its label (content), the carry sits a fixed 10 tokens
+    back, and the sum's digit ``K`` follows the column labelled ``K``.
+    """
+    xs, ys, width = _labelled_addends(a, b)
+    cols, sums, carry = [], [], 0
+    for i in reversed(range(width)):
+        s = int(xs[i]) + int(ys[i]) + carry
+        cols.append(f"{LABELS[i]}{xs[i]}+{LABELS[i + 8]}{ys[i]}+{carry}={s:02d}")
+        sums.append(f"{LABELS[i]}{s % 10}")
+        carry = s // 10
+    return ",".join(cols) + ";" + ("1" if carry else "") + "".join(reversed(sums))
+
+
+def make_add_labeled(rng: random.Random, size: int) -> Problem:
+    """``Add A4B7C2D1+I0J8K3L9`` (the shorter addend zero-padded) -> :func:`labelled_addition_working`."""
+    if size > 8:
+        raise ValueError(f"add_labeled: at most 8 digits (labels A-H and I-P), got {size}")
+    a, b = _add_operands(rng, size)
+    xs, ys, _ = _labelled_addends(a, b)
+    question = f"Add {''.join(f'{LABELS[i]}{d}' for i, d in enumerate(xs))}+" \
+               f"{''.join(f'{LABELS[i + 8]}{d}' for i, d in enumerate(ys))}"
+    return Problem("add_labeled", f"{min(a, b)}+{max(a, b)}", question, labelled_addition_working(a, b))
+
+
+def _add_operands(rng: random.Random, size: int) -> tuple[int, int]:
     n_b = rng.randint(max(1, size - 2), size)
     a = rng.randint(10 ** (size - 1), 10**size - 1)
     b = rng.randint(10 ** (n_b - 1), 10**n_b - 1)
-    if rng.random() < 0.5:
-        a, b = b, a
+    return (b, a) if rng.random() < 0.5 else (a, b)
+
+
+def make_add(rng: random.Random, size: int) -> Problem:
+    a, b = _add_operands(rng, size)
     key = f"{min(a, b)}+{max(a, b)}"  # both orders share a split
     return Problem("add", key, f"Add {a}+{b}", addition_working(a, b))
 
@@ -127,10 +177,12 @@ def make_add(rng: random.Random, size: int) -> Problem:
 MAKERS: dict[str, Callable[[random.Random, int], Problem]] = {
     "reverse": make_reverse, "spell": make_spell, "count": make_count, "add": make_add,
     "reverse_labeled": make_reverse_labeled, "spell_labeled": make_spell_labeled,
+    "count_padded": make_count_padded, "add_labeled": make_add_labeled,
 }
 # Sizes chosen so every answer is 24-64 tokens with the long-answer tokenizer (tests check the bounds).
 DEFAULT_SIZES: dict[str, tuple[int, int]] = {"reverse": (24, 24), "spell": (7, 8), "count": (10, 12), "add": (4, 4),
-                                             "reverse_labeled": (12, 16), "spell_labeled": (5, 7)}
+                                             "reverse_labeled": (12, 16), "spell_labeled": (5, 7),
+                                             "count_padded": (8, 10), "add_labeled": (3, 4)}
 
 
 @dataclass(frozen=True)
@@ -238,9 +290,14 @@ def answer_for(question: str) -> str | None:
         return "".join(reversed(re.findall(r"[A-P]\d", m.group(1))))
     if m := re.fullmatch(r"Spell ((?:[A-P]\d)+)", q):
         return " ".join(f"{x[0]} {WORDS[int(x[1])]}" for x in re.findall(r"[A-P]\d", m.group(1)))
+    if m := re.fullmatch(r"Count (\d+) terms from (\d{3}) by (\d{2})", q):
+        n, start, step = map(int, m.groups())
+        return ",".join(f"{start + i * step:03d}" for i in range(n))
     if m := re.fullmatch(r"Count (\d+) terms from (\d+) by (\d+)", q):
         n, start, step = map(int, m.groups())
         return ",".join(str(start + i * step) for i in range(n))
+    if m := re.fullmatch(r"Add ((?:[A-H]\d)+)\+((?:[I-P]\d)+)", q):
+        return labelled_addition_working(int("".join(m.group(1)[1::2])), int("".join(m.group(2)[1::2])))
     if m := re.fullmatch(r"Add (\d+)\+(\d+)", q):
         return addition_working(int(m.group(1)), int(m.group(2)))
     return None
