@@ -66,6 +66,46 @@ def test_addition_working():
         assert addition_working(a, b).endswith(f";{a + b}")
 
 
+def test_labelled_addition_and_padded_count():
+    from oled_hf.toy.long.tasks import LABELS, labelled_addition_working, make_add_labeled, make_count_padded
+
+    assert labelled_addition_working(4721, 839) == "D1+L9+0=10,C2+K3+1=06,B7+J8+0=15,A4+I0+1=05;A5B5C6D0"
+    assert labelled_addition_working(9000, 1000).endswith(";1A0B0C0D0")  # a final carry comes first
+    rng = random.Random(0)
+    for _ in range(200):
+        p = make_add_labeled(rng, rng.randint(1, 8))
+        a, b = (int(x[1::2]) for x in p.question.removeprefix("Add ").split("+"))
+        total = p.answer.split(";")[1]  # "A5B5C6D0", or "1A0B0C0D0" with a final carry
+        carry, labelled = (1, total[1:]) if len(total) % 2 else (0, total)
+        assert labelled[::2] == LABELS[: len(labelled) // 2]
+        assert carry * 10 ** (len(labelled) // 2) + int(labelled[1::2]) == a + b
+    with pytest.raises(ValueError, match="at most 8"):
+        make_add_labeled(rng, 9)
+    p = make_count_padded(random.Random(1), 8)
+    terms = p.answer.split(",")
+    assert len(terms) == 8 and {len(t) for t in terms} == {3}
+    step = int(terms[1]) - int(terms[0])
+    assert p.question == f"Count 8 terms from {terms[0]} by {step:02d}"
+    assert all(int(b) - int(a) == step for a, b in zip(terms, terms[1:]))
+
+
+def test_chain_walks_the_cycle_once():
+    from oled_hf.toy.long.tasks import make_chain
+
+    rng = random.Random(2)
+    for size in (2, 9, 16):
+        p = make_chain(rng, size)
+        pairs = p.question.removeprefix("Chain ").split(",")
+        succ = dict(pairs)
+        assert sorted(succ) == sorted(succ.values()) == list("ABCDEFGHIJKLMNOP"[:size])
+        steps = p.answer.split(",")
+        assert len(steps) == size and steps[0][0] == "A" and steps[-1][1] == "A"
+        assert all(succ[a] == b for a, b in steps) and all(x[1] == y[0] for x, y in zip(steps, steps[1:]))
+        assert len({a for a, _ in steps}) == size  # one cycle through every label
+    with pytest.raises(ValueError, match="2 to 16"):
+        make_chain(rng, 17)
+
+
 def test_task_spec_parsing():
     assert str(TaskSpec.parse("count:2:8-12")) == "count:2:8-12"
     assert TaskSpec.parse("add") == TaskSpec("add", 1.0, 4, 4)

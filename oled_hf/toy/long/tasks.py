@@ -12,18 +12,25 @@ Tasks (``size`` is the task's length knob); the default mix is the last four:
 
 * ``reverse``: ``Reverse 3141592...`` -> the digits in reverse order (size: digits, answer = size tokens);
 * ``spell``:   ``Spell 4071`` -> ``four zero seven one`` (size: digits; the words are spelled letter by letter);
-* ``reverse_labeled``: ``Reverse A4B0C7`` -> ``C7B0A4`` (size: items; answer = 2 x size tokens);
-* ``spell_labeled``:   ``Spell A4B0`` -> ``A four B zero`` (size: items; words letter by letter);
 * ``count``:   ``Count 12 terms from 47 by 7`` -> ``47,54,61,...`` (size: terms);
 * ``add``:     ``Add 4721+839`` -> the column sums right to left with carries, then the sum:
-  ``1+9+0=10,2+3+1=06,7+8+0=15,4+0+1=05;5560`` (size: digits of the longer addend).
+  ``1+9+0=10,2+3+1=06,7+8+0=15,4+0+1=05;5560`` (size: digits of the longer addend);
+* ``reverse_labeled``: ``Reverse A4B0C7`` -> ``C7B0A4`` (size: items; answer = 2 x size tokens);
+* ``spell_labeled``:   ``Spell A4B0`` -> ``A four B zero`` (size: items; words letter by letter);
+* ``count_padded``:    ``Count 8 terms from 047 by 07`` -> ``047,054,061,...`` (size: terms, each 3 digits);
+* ``chain``:           ``Chain AC,BA,CB`` -> ``AC,CB,BA`` (follow a cycle of ``size`` labels from A);
+* ``add_labeled``:     ``Add A4B7C2D1+I0J8K3L9`` -> labelled column sums right to left, then the
+  labelled sum: ``D1+L9+0=10,C2+K3+1=06,B7+J8+0=15,A4+I0+1=05;A5B5C6D0`` (size: digits).
 
 Why labels: in the plain ``reverse`` and ``spell`` every answer token must find its input digit by
 position (an offset that grows with the token's index), which the 5M-parameter toy did not learn
 in an hour of CPU training (token accuracy at chance on ``reverse`` after 500 steps, a 1,200-step
 run at 0% exact match). With a label before each digit the lookup is by content (the digit after
 label ``K``), and the next label follows from the previous one, the dependencies small models
-learn fast (``shared/docs/toy-model.md``).
+learn fast (``shared/docs/toy-model.md``). The same holds for the arithmetic: in plain ``count``
+and ``add`` (0% exact match after 84 minutes of training, next-token accuracy 0.79 / 0.91) each
+digit's operands sit at offsets that move with the terms' widths or the column index; padded terms
+put them at a constant offset and labelled columns make them a content lookup.
 """
 
 from __future__ import annotations
@@ -127,6 +134,26 @@ def make_count_padded(rng: random.Random, size: int) -> Problem:
     return Problem("count_padded", f"{start}/{step}", f"Count {size} terms from {start:03d} by {step:02d}", terms)
 
 
+def make_chain(rng: random.Random, size: int) -> Problem:
+    """``Chain AC,BA,CB`` -> ``AC,CB,BA``: follow a cycle through ``size`` labels from ``A``.
+
+    The question lists each label's successor (a random single cycle, pairs shuffled); the answer
+    walks the cycle once. Every step starts with the label the previous step ended on and looks its
+    successor up by content, so each answer token depends on the one before it: a decode can only
+    be confident about the chain's next link, which makes blocks take many iterations.
+    """
+    if not 2 <= size <= len(LABELS):
+        raise ValueError(f"chain: 2 to {len(LABELS)} labels, got {size}")
+    order = list(LABELS[1:size])
+    rng.shuffle(order)
+    cycle = ["A", *order]
+    succ = {a: b for a, b in zip(cycle, cycle[1:] + cycle[:1])}
+    pairs = [f"{a}{succ[a]}" for a in LABELS[:size]]
+    rng.shuffle(pairs)
+    walk = ",".join(f"{a}{succ[a]}" for a in cycle)
+    return Problem("chain", "".join(cycle), f"Chain {','.join(pairs)}", walk)
+
+
 def _labelled_addends(a: int, b: int) -> tuple[str, str, int]:
     width = max(len(str(a)), len(str(b)))
     return str(a).zfill(width), str(b).zfill(width), width
@@ -177,12 +204,12 @@ def make_add(rng: random.Random, size: int) -> Problem:
 MAKERS: dict[str, Callable[[random.Random, int], Problem]] = {
     "reverse": make_reverse, "spell": make_spell, "count": make_count, "add": make_add,
     "reverse_labeled": make_reverse_labeled, "spell_labeled": make_spell_labeled,
-    "count_padded": make_count_padded, "add_labeled": make_add_labeled,
+    "count_padded": make_count_padded, "add_labeled": make_add_labeled, "chain": make_chain,
 }
 # Sizes chosen so every answer is 24-64 tokens with the long-answer tokenizer (tests check the bounds).
 DEFAULT_SIZES: dict[str, tuple[int, int]] = {"reverse": (24, 24), "spell": (7, 8), "count": (10, 12), "add": (4, 4),
                                              "reverse_labeled": (12, 16), "spell_labeled": (5, 7),
-                                             "count_padded": (8, 10), "add_labeled": (3, 4)}
+                                             "count_padded": (8, 10), "add_labeled": (3, 4), "chain": (9, 11)}
 
 
 @dataclass(frozen=True)
@@ -290,6 +317,13 @@ def answer_for(question: str) -> str | None:
         return "".join(reversed(re.findall(r"[A-P]\d", m.group(1))))
     if m := re.fullmatch(r"Spell ((?:[A-P]\d)+)", q):
         return " ".join(f"{x[0]} {WORDS[int(x[1])]}" for x in re.findall(r"[A-P]\d", m.group(1)))
+    if m := re.fullmatch(r"Chain ((?:[A-P]{2},)*[A-P]{2})", q):
+        succ = dict(m.group(1).split(","))
+        walk, cur = [], "A"
+        for _ in succ:
+            walk.append(cur + succ[cur])
+            cur = succ[cur]
+        return ",".join(walk)
     if m := re.fullmatch(r"Count (\d+) terms from (\d{3}) by (\d{2})", q):
         n, start, step = map(int, m.groups())
         return ",".join(f"{start + i * step:03d}" for i in range(n))
