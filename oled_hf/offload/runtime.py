@@ -5,7 +5,9 @@ when an ``offload_config`` was passed. The model was built without routed-expert
 non-expert weights loaded the normal Transformers way; here the experts go from the safetensors
 files into the ExpertStore, the device slot pool is allocated once, and every MoE block gets an
 offloaded executor. The runtime listens to the decoder's iteration events and forwards them to
-the controller (policy, allocator) and, when asked, to a trace recorder.
+the controller (policy, allocator) and, when asked, to a trace recorder. A layer that holds every
+expert runs without waiting for its routing on the host; the controller plans that access later,
+in order, before anything reads its state (``CacheController.defer``).
 """
 
 from __future__ import annotations
@@ -51,9 +53,17 @@ class OffloadRuntime(IterationObserver):
         self._cpu_pool = None
         self.profile = False
         self.timing = {name: np.zeros(self.num_layers) for name in TIMERS}
+        self.controller.plan_timer = self._charge_policy
+        # A layer holding every expert runs without waiting for its routing on the host; it is
+        # planned afterwards (the same plans: see controller.py). False plans every access at once.
+        self.defer_routing = True
+        # routing copies to the host that a forward waited for, per layer (on the CPU a view,
+        # counted alike): one per planned access, none for an all-hits access
+        self.routing_transfers = np.zeros(self.num_layers, dtype=np.int64)
         self.forwards = 0
-        for i, block in enumerate(model.moe_blocks()):
-            block.experts_executor = OffloadedExpertsExecutor(self, i)
+        self.executors = [OffloadedExpertsExecutor(self, i) for i in range(self.num_layers)]
+        for block, executor in zip(model.moe_blocks(), self.executors):
+            block.experts_executor = executor
         model.model.register_forward_pre_hook(self._begin_forward)
         model.add_iteration_observer(self)
         self.recorder = None
@@ -75,7 +85,20 @@ class OffloadRuntime(IterationObserver):
             preset = calibrate(self.store, self.cache, preset)
         return preset.with_config(self.config)
 
-    # ---- observer hooks ------------------------------------------------------------------
+    def _charge_policy(self, layer: int, seconds: float) -> None:
+        """The host time of a deferred plan, charged to its layer's policy timer."""
+        self.timing["policy"][layer] += seconds
+
+    def recover(self) -> None:
+        """After a failed access: residency back to what the slots hold; every slot map rebuilt."""
+        self.controller.recover(self.cache.slot_tags)
+        self._forget_slot_maps()
+
+    def _forget_slot_maps(self) -> None:
+        for executor in self.executors:
+            executor.slot_map = None
+
+    # ---- observer hooks (deferred accesses are planned first, timed per layer) -------------
     def _begin_forward(self, module, args):
         self.forwards += 1
         self.controller.begin_forward()
@@ -84,17 +107,22 @@ class OffloadRuntime(IterationObserver):
         self.controller.on_block_start(block_index, token_ids)
 
     def on_iteration(self, event):
+        self.controller.flush()
         t = time.perf_counter()
         self.controller.on_iteration(event)
         self.timing["policy"][0] += time.perf_counter() - t
 
     def on_block_end(self, block_index, token_ids):
+        self.controller.flush()
         t = time.perf_counter()
         self.controller.on_block_end(block_index, token_ids)
+        if self.controller.last_moves:  # slots changed hands: no layer's slot map can be trusted
+            self._forget_slot_maps()
         self.timing["policy"][0] += time.perf_counter() - t
 
     # ---- stats ---------------------------------------------------------------------------
     def stats(self) -> dict:
+        self.controller.flush()
         st = self.controller.stats
         per_layer = []
         for layer in range(self.num_layers):
@@ -119,9 +147,10 @@ class OffloadRuntime(IterationObserver):
         }
 
     def reset_stats(self) -> None:
-        self.controller.stats.reset()
+        self.controller.stats.reset()  # (reading the stats plans any deferred access first)
         for name in TIMERS:
             self.timing[name][:] = 0
+        self.routing_transfers[:] = 0
         self.forwards = 0
 
 
