@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from ..modeling.events import IterationObserver
-from ..modeling.experts import swiglu_expert
 from .cache import ExpertCache
+from .calibration import calibrate
 from .controller import CacheController
 from .costmodel import CostModel
 from .dispatch import resolve_cpu_compute
@@ -152,40 +152,6 @@ class OffloadRuntime(IterationObserver):
             self.timing[name][:] = 0
         self.routing_transfers[:] = 0
         self.forwards = 0
-
-
-def calibrate(store: ExpertStore, cache: ExpertCache, base: CostModel, repeats: int = 3) -> CostModel:
-    """A short measurement on this machine: one expert's copy, device and CPU runs at 1 and 16 tokens."""
-    device, dtype = cache.device, store.dtype
-    sync = (lambda: torch.cuda.synchronize(device)) if cache.cuda else (lambda: None)
-
-    def timed(fn) -> float:
-        fn()
-        sync()
-        start = time.perf_counter()
-        for _ in range(repeats):
-            fn()
-        sync()
-        return (time.perf_counter() - start) / repeats
-
-    slot = 0
-    copy_s = timed(lambda: cache.load(slot, 0, 0))
-    cache.copy_seconds, cache.bytes_copied = 0.0, 0
-    dev_w = cache.weights(slot)
-    host_w = store.weights(0, 0)
-    times = {}
-    for n in (1, 16):
-        x_dev = torch.zeros(n, store.hidden, dtype=dtype, device=device)
-        x_host = torch.zeros(n, store.hidden, dtype=dtype)
-        times[("gpu", n)] = timed(lambda x=x_dev: swiglu_expert(x, *dev_w))
-        times[("cpu", n)] = timed(lambda x=x_host: swiglu_expert(x, *host_w))
-    per_token = {k: max((times[(k, 16)] - times[(k, 1)]) / 15, 0.0) for k in ("gpu", "cpu")}
-    return base.with_overrides(
-        h2d_bytes_per_s=store.expert_bytes / max(copy_s, 1e-9),
-        gpu_expert_fixed_s=max(times[("gpu", 1)] - per_token["gpu"], 0.0), gpu_s_per_token=per_token["gpu"],
-        cpu_expert_fixed_s=max(times[("cpu", 1)] - per_token["cpu"], 0.0), cpu_s_per_token=per_token["cpu"],
-        cpu_overhead_s=0.0,
-    )
 
 
 def attach_offload(model, config: OffloadConfig, checkpoint_files: list[str], dtype: torch.dtype | None):
