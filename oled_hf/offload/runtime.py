@@ -120,6 +120,9 @@ class OffloadRuntime(IterationObserver):
             self._forget_slot_maps()
         self.timing["policy"][0] += time.perf_counter() - t
 
+    def on_generate_end(self):
+        self.controller.flush()  # the last forward's deferred plans: generate returns with final counters
+
     # ---- stats ---------------------------------------------------------------------------
     def stats(self) -> dict:
         self.controller.flush()
