@@ -32,6 +32,7 @@ class ExpertCache:
         self.copy_stream = torch.cuda.Stream(device=self.device) if self.cuda else None
         self.ready: dict[int, torch.cuda.Event] = {}  # slot -> its copy has landed
         self.in_use: dict[int, torch.cuda.Event] = {}  # slot -> compute reading it has finished
+        self.in_use_ranges: dict[tuple[int, int], torch.cuda.Event] = {}  # (lo, hi) -> ditto, for a slot range
         self.copy_seconds = 0.0
         self.bytes_copied = 0
         self.slot_tags = np.full((total_slots, 2), -1, dtype=np.int64)  # (layer, expert) each slot holds
@@ -49,6 +50,9 @@ class ExpertCache:
             # Compute queued earlier may still read this slot's previous expert: wait for it only.
             if slot in self.in_use:
                 self.copy_stream.wait_event(self.in_use.pop(slot))
+            for lo, hi in [r for r in self.in_use_ranges if r[0] <= slot < r[1]]:
+                # once waited for, later copies queue behind it on the copy stream: forget it
+                self.copy_stream.wait_event(self.in_use_ranges.pop((lo, hi)))
             with torch.cuda.stream(self.copy_stream):
                 self._copy(dst, layer, expert, non_blocking=True)
                 event = torch.cuda.Event()
@@ -94,6 +98,18 @@ class ExpertCache:
                 event = self.ready.pop(int(slot), None)
                 if event is not None:
                     stream.wait_event(event)
+
+    def wait_ready_range(self, lo: int, hi: int) -> None:
+        """:meth:`wait_ready` for the slots ``lo..hi-1`` (only copies still in flight are looked at)."""
+        if self.cuda and self.ready:
+            self.wait_ready([slot for slot in self.ready if lo <= slot < hi])
+
+    def mark_used_range(self, lo: int, hi: int) -> None:
+        """:meth:`mark_used_many` for the slots ``lo..hi-1``: one event, no work per slot."""
+        if self.cuda:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(self.device))
+            self.in_use_ranges[(lo, hi)] = event
 
     def mark_used_many(self, slots) -> None:
         """:meth:`mark_used` for several slots read by one queued (grouped) computation: one event."""

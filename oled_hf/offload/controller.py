@@ -12,10 +12,22 @@ run counted" holds by construction. Per forward::
 
 and ``ctrl.on_block_start`` / ``ctrl.on_block_end`` around each block (rebalancing happens at
 block end; the returned slot moves are in ``ctrl.last_moves``).
+
+Deferred accesses: where a layer holds every one of its experts (:meth:`holds_all`) the plan is
+all hits whatever the routing, so the live executor runs the layer at once and hands the access
+over with ``ctrl.defer(DeferredAccess(...))`` while its routing is still on the way to the host.
+The controller plans deferred accesses (the very ``plan(layer, ids, weights)`` calls, in the same
+order) before anything that reads or changes policy or planner state: the next ``plan``,
+``begin_forward``, the events, ``rebalance``, ``recover`` and ``stats``. A deferred plan changes no
+residency (all hits), so decisions, counters and traces are those of planning each access at once.
 """
 
 from __future__ import annotations
 
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -32,6 +44,15 @@ from .stats import CacheStats
 
 if TYPE_CHECKING:  # the config builds the runtime (OffloadConfig.attach): no import back
     from .config import OffloadConfig
+
+
+@dataclass
+class DeferredAccess:
+    """A layer access the executor already ran from its slots, to be planned once its routing is on the host."""
+
+    layer: int
+    routing: Callable[[], tuple[Any, Any]]  # -> (topk_ids, topk_weights or None) on the host; may wait
+    ready: Callable[[], bool] = lambda: True  # whether ``routing()`` would return without waiting
 
 
 class CacheController(IterationObserver):
@@ -68,9 +89,12 @@ class CacheController(IterationObserver):
             )
         self.clock = 0
         self.last_moves: list[SlotMove] = []
+        self._deferred: deque[DeferredAccess] = deque()
+        self.plan_timer: Callable[[int, float], None] | None = None  # (layer, seconds) of each deferred plan
 
     @property
     def stats(self) -> CacheStats:
+        self.flush()
         return self.state.stats
 
     @property
@@ -79,7 +103,31 @@ class CacheController(IterationObserver):
 
     def begin_forward(self) -> None:
         """Advance the policy clock; call once before the first MoE layer of every forward."""
+        self.flush()
         self.clock += 1
+
+    def holds_all(self, layer: int) -> bool:
+        """Whether the layer holds every expert, so its next plan is all hits (host state only, no flush).
+
+        Pending deferred accesses do not change the answer: they are all hits, which move no expert.
+        """
+        return self.state.holds_all(layer)
+
+    def defer(self, access: DeferredAccess) -> None:
+        """Queue an access of a layer that :meth:`holds_all`; it is planned on the next :meth:`flush`."""
+        self._deferred.append(access)
+
+    def flush(self, wait: bool = True) -> None:
+        """Plan the deferred accesses in order; ``wait=False``: only while their routing has landed."""
+        pending = self._deferred
+        while pending and (wait or pending[0].ready()):
+            access = pending.popleft()
+            start = time.perf_counter()
+            plan = self._plan(access.layer, *access.routing())
+            if plan.copies or plan.cpu:  # the executor ran it from the slots: it must have been all hits
+                raise RuntimeError(f"deferred access of layer {access.layer} was not all hits")
+            if self.plan_timer is not None:
+                self.plan_timer(access.layer, time.perf_counter() - start)
 
     def plan(self, layer: int, topk_ids: Any, topk_weights: Any) -> LayerPlan:
         """Plan one MoE layer access ([T, k] routing); updates policy, residency, stats.
@@ -87,6 +135,11 @@ class CacheController(IterationObserver):
         On the forward's critical path once per MoE layer: the routing is converted to NumPy and
         counted once here, and everything below takes the converted arrays and the counts.
         """
+        if self._deferred:
+            self.flush()
+        return self._plan(layer, topk_ids, topk_weights)
+
+    def _plan(self, layer: int, topk_ids: Any, topk_weights: Any) -> LayerPlan:
         ids = as_numpy(topk_ids)
         weights = as_numpy(topk_weights) if self.policy.uses_weights and topk_weights is not None else topk_weights
         counts = np.bincount(ids.reshape(-1), minlength=self.num_experts)
@@ -98,21 +151,26 @@ class CacheController(IterationObserver):
 
     def recover(self, slot_tags: Any) -> list[tuple[int, int]]:
         """After a failed access: drop residency the slots do not hold (``CacheState.reconcile``)."""
+        self.flush()
         return self.state.reconcile(slot_tags)
 
     # ------------------------------------------------------------------ events
     def on_block_start(self, block_index: int, token_ids: Any) -> None:
+        self.flush()
         self.policy.on_block_start(block_index, token_ids)
 
     def on_iteration(self, event: IterationEvent) -> None:
+        self.flush()
         self.policy.on_iteration(event)
 
     def on_block_end(self, block_index: int, token_ids: Any) -> None:
+        self.flush()
         self.policy.on_block_end(block_index, token_ids)
         self.last_moves = self.rebalance()
 
     def rebalance(self) -> list[SlotMove]:
         """Apply the allocator's proposal, if any; returns the slot moves."""
+        self.flush()
         if self.allocator is None:
             return []
         proposal = self.allocator.propose(self.state.capacities)

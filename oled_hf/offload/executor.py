@@ -1,7 +1,18 @@
 """The offloaded experts executor: runs one MoE layer's routed experts from the cache or the CPU.
 
-Per call: copy the routing to the host once (ids and, if the policy reads them, gate weights in
-one transfer), ask the controller for a plan (policy + planner + dispatcher), then run
+Two paths per call.
+
+*All hits* (the layer holds every one of its experts, ``CacheController.holds_all``, and the
+device has a grouped GEMM): the plan is known without the routing, so nothing waits for the host.
+The experts run as one grouped SwiGLU over the layer's slot range, keyed by a device-side
+expert -> slot map (built once, dropped whenever the layer's slots may change). The routing (ids
+and gate weights packed into one tensor) is copied to the host asynchronously (pinned buffer and
+an event on CUDA; on the CPU the tensors themselves) and handed to the controller as a deferred
+access, which plans it later with the same ``plan`` call, in the same order.
+
+*Planned* (everything else): copy the routing to the host once (ids and, if the policy reads
+them, gate weights in one transfer: the one host sync of the layer), ask the controller for a plan
+(policy + planner + dispatcher), then run
 
 * the hits as one grouped SwiGLU over the slot pool (the pool's rows are (gate, up, down) side
   by side, so a slot range is a stacked ``[n, 2I, H]`` / ``[n, H, I]`` view; slots of other
@@ -12,6 +23,7 @@ one transfer), ask the controller for a plan (policy + planner + dispatcher), th
 * the CPU-assigned misses as one grouped call on the host over the store's stacked layer buffer
   (concurrently with the device work when the device is a GPU).
 
+Where the device has no grouped GEMM for the dtype, the planned path runs the per-expert loop.
 Every expert sees exactly the token rows the resident executor gives it (a stable sort by slot
 keeps each expert's pairs in pair order) and the same grouped kernel and combine
 (``oled_hf.modeling.experts``), so on one device the result is bit-identical to residency.
@@ -26,7 +38,16 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..modeling.experts import combine_pairs, grouped_supported, grouped_swiglu, sort_pairs, swiglu_expert
+from ..modeling.experts import (
+    GroupedPairs,
+    combine_expert_outputs,
+    combine_pairs,
+    grouped_supported,
+    grouped_swiglu,
+    sort_pairs,
+    swiglu_expert,
+)
+from .controller import DeferredAccess
 from .planner import LayerPlan
 
 
@@ -79,24 +100,113 @@ def routing_to_host(topk_ids: torch.Tensor, topk_weights: torch.Tensor, need_wei
     return unpack_routing(pack_routing(topk_ids, topk_weights).cpu().numpy(), topk_ids.shape[-1])
 
 
+def sort_pairs_on_device(keys: torch.Tensor, num_groups: int, k: int) -> GroupedPairs:
+    """:func:`sort_pairs` for keys all below ``num_groups``, without its host sync.
+
+    ``torch.bincount`` reads the largest key back to the host on CUDA; the group offsets are
+    found in the sorted keys instead (the same integers, so the same grouped call).
+    """
+    order = torch.argsort(keys, stable=True)
+    bounds = torch.arange(1, num_groups + 1, device=keys.device)
+    return GroupedPairs(order, order // k, torch.searchsorted(keys[order], bounds, out_int32=True))
+
+
+@dataclass
+class SlotMap:
+    """A layer that holds every expert: its slot range and, on the device, each expert's slot - lo."""
+
+    lo: int
+    hi: int
+    keys: torch.Tensor  # [num_experts] int64 on the cache's device
+
+
 class OffloadedExpertsExecutor:
     def __init__(self, runtime, moe_index: int):
         self.runtime = runtime
         self.moe_index = moe_index
+        self.slot_map: SlotMap | None = None  # valid while the layer's slots are unchanged (all hits)
+        self._pinned: torch.Tensor | None = None  # host buffer of the deferred routing (CUDA)
+        self._pinned_busy = False  # a deferred access has not read it yet
 
     def __call__(self, moe_block, hidden_states, topk_ids, topk_weights):
+        rt = self.runtime
         try:
+            if (rt.defer_routing and rt.controller.holds_all(self.moe_index)
+                    and grouped_supported(hidden_states.device.type, hidden_states.dtype)):
+                return self._run_all_hits(hidden_states, topk_ids, topk_weights)
+            self.slot_map = None  # this access may move the layer's experts
             return self._run(moe_block, hidden_states, topk_ids, topk_weights)
         except BaseException:
             # The plan recorded its copies before they ran: keep only what the slots really hold,
             # so the next forward neither trusts a failed copy nor loses the tokens it would give.
-            self.runtime.controller.recover(self.runtime.cache.slot_tags)
+            rt.recover()
             raise
 
+    # ---- all hits: no host sync --------------------------------------------------------------
+    def _run_all_hits(self, hidden_states, topk_ids, topk_weights):
+        """Every expert is cached: one grouped call over the layer's slots; the plan comes later.
+
+        The access is queued before the experts run, so it is planned even if they fail (as the
+        planned path plans before it computes).
+        """
+        rt, cache = self.runtime, self.runtime.cache
+        start = time.perf_counter()
+        rt.controller.defer(self._deferred_access(topk_ids, topk_weights))
+        m = self.slot_map or self._build_slot_map()
+        pairs = sort_pairs_on_device(m.keys[topk_ids.reshape(-1)], m.hi - m.lo, topk_ids.shape[-1])
+        gate_up, down = cache.layer_views(m.lo, m.hi)
+        cache.wait_ready_range(m.lo, m.hi)
+        out = grouped_swiglu(hidden_states[pairs.token_index], gate_up, down, pairs.offs)
+        cache.mark_used_range(m.lo, m.hi)
+        if rt.profile and cache.cuda:
+            torch.cuda.synchronize(cache.device)
+        rt.timing["gpu"][self.moe_index] += time.perf_counter() - start
+        rt.controller.flush(wait=False)  # earlier accesses whose routing has landed: plan them now
+        return combine_expert_outputs(pairs, out, topk_weights, hidden_states.dtype)
+
+    def _build_slot_map(self) -> SlotMap:
+        slot_of = self.runtime.controller.state.resident(self.moe_index)
+        experts = np.fromiter(slot_of.keys(), np.int64, len(slot_of))
+        slots = np.fromiter(slot_of.values(), np.int64, len(slot_of))
+        lo, hi = int(slots.min()), int(slots.max()) + 1
+        keys = np.empty(self.runtime.num_experts, dtype=np.int64)
+        keys[experts] = slots - lo
+        self.slot_map = SlotMap(lo, hi, torch.from_numpy(keys).to(self.runtime.cache.device))
+        return self.slot_map
+
+    def _deferred_access(self, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> DeferredAccess:
+        """The routing on its way to the host, as the planned path would have read it."""
+        layer, need_w = self.moe_index, self.runtime.controller.policy.uses_weights
+        if not topk_ids.is_cuda:  # the CPU: a view when planned; another device: one copy then
+            return DeferredAccess(layer, lambda: routing_to_host(topk_ids, topk_weights, need_w))
+        packed = pack_routing(topk_ids, topk_weights)
+        if self._pinned_busy or self._pinned is None or self._pinned.shape[0] < packed.shape[0] \
+                or self._pinned.shape[1] != packed.shape[1]:
+            self._pinned = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+        buffer = self._pinned
+        host = buffer[: packed.shape[0]]
+        host.copy_(packed, non_blocking=True)
+        landed = torch.cuda.Event()
+        landed.record(torch.cuda.current_stream(topk_ids.device))
+        self._pinned_busy = True
+        ids_dtype = torch.empty(0, dtype=topk_ids.dtype).numpy().dtype
+        k = topk_ids.shape[-1]
+
+        def routing():
+            landed.synchronize()
+            ids, weights = unpack_routing(host.numpy().copy(), k)
+            if self._pinned is buffer:
+                self._pinned_busy = False
+            return (ids, weights) if need_w else (ids.astype(ids_dtype), None)  # the planned path's arrays
+
+        return DeferredAccess(layer, routing, landed.query)
+
+    # ---- planned -------------------------------------------------------------------------------
     def _run(self, moe_block, hidden_states, topk_ids, topk_weights):
         rt, layer = self.runtime, self.moe_index
         clock = time.perf_counter
         t0 = clock()
+        rt.routing_transfers[layer] += 1
         host_ids, host_w = routing_to_host(topk_ids, topk_weights, rt.controller.policy.uses_weights)
         plan = rt.controller.plan(layer, host_ids, host_w)
         waves = plan_waves(plan)

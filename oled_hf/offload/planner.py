@@ -101,6 +101,10 @@ class CacheState:
     def slots_of_layer(self, layer: int) -> list[int]:
         return np.flatnonzero(self.slot_owner == layer).tolist()
 
+    def holds_all(self, layer: int) -> bool:
+        """Whether every expert of the layer is resident: then any access to it is all hits (O(1))."""
+        return len(self._slot_of[layer]) == self.num_experts
+
     # ------------------------------------------------------------------ planning
     def plan(
         self,

@@ -5,7 +5,9 @@ when an ``offload_config`` was passed. The model was built without routed-expert
 non-expert weights loaded the normal Transformers way; here the experts go from the safetensors
 files into the ExpertStore, the device slot pool is allocated once, and every MoE block gets an
 offloaded executor. The runtime listens to the decoder's iteration events and forwards them to
-the controller (policy, allocator) and, when asked, to a trace recorder.
+the controller (policy, allocator) and, when asked, to a trace recorder. A layer that holds every
+expert runs without waiting for its routing on the host; the controller plans that access later,
+in order, before anything reads its state (``CacheController.defer``).
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ import numpy as np
 import torch
 
 from ..modeling.events import IterationObserver
-from ..modeling.experts import swiglu_expert
 from .cache import ExpertCache
+from .calibration import calibrate
 from .controller import CacheController
 from .costmodel import CostModel
 from .dispatch import resolve_cpu_compute
@@ -51,9 +53,17 @@ class OffloadRuntime(IterationObserver):
         self._cpu_pool = None
         self.profile = False
         self.timing = {name: np.zeros(self.num_layers) for name in TIMERS}
+        self.controller.plan_timer = self._charge_policy
+        # A layer holding every expert runs without waiting for its routing on the host; it is
+        # planned afterwards (the same plans: see controller.py). False plans every access at once.
+        self.defer_routing = True
+        # routing copies to the host that a forward waited for, per layer (on the CPU a view,
+        # counted alike): one per planned access, none for an all-hits access
+        self.routing_transfers = np.zeros(self.num_layers, dtype=np.int64)
         self.forwards = 0
-        for i, block in enumerate(model.moe_blocks()):
-            block.experts_executor = OffloadedExpertsExecutor(self, i)
+        self.executors = [OffloadedExpertsExecutor(self, i) for i in range(self.num_layers)]
+        for block, executor in zip(model.moe_blocks(), self.executors):
+            block.experts_executor = executor
         model.model.register_forward_pre_hook(self._begin_forward)
         model.add_iteration_observer(self)
         self.recorder = None
@@ -75,7 +85,20 @@ class OffloadRuntime(IterationObserver):
             preset = calibrate(self.store, self.cache, preset)
         return preset.with_config(self.config)
 
-    # ---- observer hooks ------------------------------------------------------------------
+    def _charge_policy(self, layer: int, seconds: float) -> None:
+        """The host time of a deferred plan, charged to its layer's policy timer."""
+        self.timing["policy"][layer] += seconds
+
+    def recover(self) -> None:
+        """After a failed access: residency back to what the slots hold; every slot map rebuilt."""
+        self.controller.recover(self.cache.slot_tags)
+        self._forget_slot_maps()
+
+    def _forget_slot_maps(self) -> None:
+        for executor in self.executors:
+            executor.slot_map = None
+
+    # ---- observer hooks (deferred accesses are planned first, timed per layer) -------------
     def _begin_forward(self, module, args):
         self.forwards += 1
         self.controller.begin_forward()
@@ -84,17 +107,25 @@ class OffloadRuntime(IterationObserver):
         self.controller.on_block_start(block_index, token_ids)
 
     def on_iteration(self, event):
+        self.controller.flush()
         t = time.perf_counter()
         self.controller.on_iteration(event)
         self.timing["policy"][0] += time.perf_counter() - t
 
     def on_block_end(self, block_index, token_ids):
+        self.controller.flush()
         t = time.perf_counter()
         self.controller.on_block_end(block_index, token_ids)
+        if self.controller.last_moves:  # slots changed hands: no layer's slot map can be trusted
+            self._forget_slot_maps()
         self.timing["policy"][0] += time.perf_counter() - t
+
+    def on_generate_end(self):
+        self.controller.flush()  # the last forward's deferred plans: generate returns with final counters
 
     # ---- stats ---------------------------------------------------------------------------
     def stats(self) -> dict:
+        self.controller.flush()
         st = self.controller.stats
         per_layer = []
         for layer in range(self.num_layers):
@@ -119,44 +150,11 @@ class OffloadRuntime(IterationObserver):
         }
 
     def reset_stats(self) -> None:
-        self.controller.stats.reset()
+        self.controller.stats.reset()  # (reading the stats plans any deferred access first)
         for name in TIMERS:
             self.timing[name][:] = 0
+        self.routing_transfers[:] = 0
         self.forwards = 0
-
-
-def calibrate(store: ExpertStore, cache: ExpertCache, base: CostModel, repeats: int = 3) -> CostModel:
-    """A short measurement on this machine: one expert's copy, device and CPU runs at 1 and 16 tokens."""
-    device, dtype = cache.device, store.dtype
-    sync = (lambda: torch.cuda.synchronize(device)) if cache.cuda else (lambda: None)
-
-    def timed(fn) -> float:
-        fn()
-        sync()
-        start = time.perf_counter()
-        for _ in range(repeats):
-            fn()
-        sync()
-        return (time.perf_counter() - start) / repeats
-
-    slot = 0
-    copy_s = timed(lambda: cache.load(slot, 0, 0))
-    cache.copy_seconds, cache.bytes_copied = 0.0, 0
-    dev_w = cache.weights(slot)
-    host_w = store.weights(0, 0)
-    times = {}
-    for n in (1, 16):
-        x_dev = torch.zeros(n, store.hidden, dtype=dtype, device=device)
-        x_host = torch.zeros(n, store.hidden, dtype=dtype)
-        times[("gpu", n)] = timed(lambda x=x_dev: swiglu_expert(x, *dev_w))
-        times[("cpu", n)] = timed(lambda x=x_host: swiglu_expert(x, *host_w))
-    per_token = {k: max((times[(k, 16)] - times[(k, 1)]) / 15, 0.0) for k in ("gpu", "cpu")}
-    return base.with_overrides(
-        h2d_bytes_per_s=store.expert_bytes / max(copy_s, 1e-9),
-        gpu_expert_fixed_s=max(times[("gpu", 1)] - per_token["gpu"], 0.0), gpu_s_per_token=per_token["gpu"],
-        cpu_expert_fixed_s=max(times[("cpu", 1)] - per_token["cpu"], 0.0), cpu_s_per_token=per_token["cpu"],
-        cpu_overhead_s=0.0,
-    )
 
 
 def attach_offload(model, config: OffloadConfig, checkpoint_files: list[str], dtype: torch.dtype | None):

@@ -27,6 +27,9 @@ def test_gpu_check_reduced_on_cpu(tmp_path, capsys):
     assert all(r["host_us_per_layer"] > 0 for r in rows[2:])
     assert "resident grouped vs loop TPOT" in out
     assert "exact tokens with CPU compute off: yes" in out
+    assert rows[-1]["config"] == "oled @ 32 slots, all cached" and rows[-1]["routing_syncs_per_layer"] == 0
+    assert all(r["routing_syncs_per_layer"] == 1 for r in rows[2:-1])
+    assert "every expert cached: no routing sync, no miss, exact tokens: yes" in out
 
 
 def test_gpu_check_shell_script_refuses_without_cuda():
