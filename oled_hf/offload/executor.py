@@ -39,7 +39,6 @@ import numpy as np
 import torch
 
 from ..modeling.experts import (
-    GroupedPairs,
     combine_expert_outputs,
     combine_pairs,
     grouped_supported,
@@ -100,17 +99,6 @@ def routing_to_host(topk_ids: torch.Tensor, topk_weights: torch.Tensor, need_wei
     return unpack_routing(pack_routing(topk_ids, topk_weights).cpu().numpy(), topk_ids.shape[-1])
 
 
-def sort_pairs_on_device(keys: torch.Tensor, num_groups: int, k: int) -> GroupedPairs:
-    """:func:`sort_pairs` for keys all below ``num_groups``, without its host sync.
-
-    ``torch.bincount`` reads the largest key back to the host on CUDA; the group offsets are
-    found in the sorted keys instead (the same integers, so the same grouped call).
-    """
-    order = torch.argsort(keys, stable=True)
-    bounds = torch.arange(1, num_groups + 1, device=keys.device)
-    return GroupedPairs(order, order // k, torch.searchsorted(keys[order], bounds, out_int32=True))
-
-
 @dataclass
 class SlotMap:
     """A layer that holds every expert: its slot range and, on the device, each expert's slot - lo."""
@@ -153,7 +141,7 @@ class OffloadedExpertsExecutor:
         start = time.perf_counter()
         rt.controller.defer(self._deferred_access(topk_ids, topk_weights))
         m = self.slot_map or self._build_slot_map()
-        pairs = sort_pairs_on_device(m.keys[topk_ids.reshape(-1)], m.hi - m.lo, topk_ids.shape[-1])
+        pairs = sort_pairs(m.keys[topk_ids.reshape(-1)], m.hi - m.lo, topk_ids.shape[-1])
         gate_up, down = cache.layer_views(m.lo, m.hi)
         cache.wait_ready_range(m.lo, m.hi)
         out = grouped_swiglu(hidden_states[pairs.token_index], gate_up, down, pairs.offs)

@@ -125,8 +125,7 @@ class OffloadRuntime(IterationObserver):
 
     # ---- stats ---------------------------------------------------------------------------
     def stats(self) -> dict:
-        self.controller.flush()
-        st = self.controller.stats
+        st = self.controller.stats  # (reading them plans any deferred access first)
         per_layer = []
         for layer in range(self.num_layers):
             hits, misses = int(st.hits[layer]), int(st.misses[layer])
@@ -150,7 +149,7 @@ class OffloadRuntime(IterationObserver):
         }
 
     def reset_stats(self) -> None:
-        self.controller.stats.reset()  # (reading the stats plans any deferred access first)
+        self.controller.stats.reset()  # (deferred accesses are planned before the reset)
         for name in TIMERS:
             self.timing[name][:] = 0
         self.routing_transfers[:] = 0

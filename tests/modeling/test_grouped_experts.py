@@ -9,6 +9,7 @@ from oled_hf.modeling.experts import (
     expert_bank,
     grouped_supported,
     grouped_swiglu,
+    sort_pairs,
     swiglu_expert,
 )
 
@@ -96,3 +97,14 @@ def test_gradients_reach_expert_parameters(tiny_path):
                                   for x, e in zip(g, model.moe_blocks()[0].experts)]))
     assert grads[1].abs().sum() > 0
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-5, atol=1e-7)
+
+
+def test_sort_pairs_offsets_equal_bincount_cumsum():
+    """sort_pairs finds its offsets without bincount (a host sync on CUDA): the same integers."""
+    keys = torch.randint(0, 41, (96,), generator=torch.Generator().manual_seed(0))  # 40 = not in the call
+    keys[keys == 7] = 8  # an empty group
+    got = sort_pairs(keys, 40, 4)
+    want_offs = torch.cumsum(torch.bincount(keys, minlength=41)[:40], 0, dtype=torch.int32)
+    assert torch.equal(got.order, torch.argsort(keys, stable=True)) and torch.equal(got.token_index, got.order // 4)
+    assert torch.equal(got.offs, want_offs)
+    assert got.offs.dtype == torch.int32

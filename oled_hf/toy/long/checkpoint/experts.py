@@ -79,10 +79,14 @@ class GroupedPairs:
 
 
 def sort_pairs(keys: torch.Tensor, num_groups: int, k: int) -> GroupedPairs:
-    """Sort flat pair keys (values in ``[0, num_groups]``; ``num_groups`` = not in this call, last)."""
+    """Sort flat pair keys (values in ``[0, num_groups]``; ``num_groups`` = not in this call, last).
+
+    The group offsets come from the sorted keys (``searchsorted``), not ``bincount``: on CUDA
+    ``bincount`` reads the largest key back to the host, a sync per MoE layer.
+    """
     order = torch.argsort(keys, stable=True)
-    counts = torch.bincount(keys, minlength=num_groups + 1)[:num_groups]
-    return GroupedPairs(order, order // k, torch.cumsum(counts, 0, dtype=torch.int32))
+    bounds = torch.arange(1, num_groups + 1, device=keys.device, dtype=keys.dtype)
+    return GroupedPairs(order, order // k, torch.searchsorted(keys[order], bounds, out_int32=True))
 
 
 # --------------------------------------------------------------------------- expert math
