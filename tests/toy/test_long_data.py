@@ -106,6 +106,25 @@ def test_chain_walks_the_cycle_once():
         make_chain(rng, 17)
 
 
+def test_cumsum_labeled_is_the_running_sum_mod_10(enc):
+    from oled_hf.toy.long.tasks import LABELS, answer_for, make_cumsum_labeled
+
+    assert make_cumsum_labeled(random.Random(0), 4) == make_cumsum_labeled(random.Random(0), 4)
+    rng = random.Random(5)
+    for size in (1, 12, 16):
+        p = make_cumsum_labeled(rng, size)
+        digits = [int(d) for d in p.question.removeprefix("Cumsum ")[1::2]]
+        assert p.question == "Cumsum " + "".join(f"{LABELS[i]}{d}" for i, d in enumerate(digits))
+        assert p.answer == "".join(f"{LABELS[i]}{sum(digits[: i + 1]) % 10}" for i in range(size))
+        assert answer_for(p.question) == p.answer
+    assert answer_for("Cumsum A3B1C4D9") == "A3B4C8D7"
+    spec = TaskSpec("cumsum_labeled")
+    lengths = [len(a) for a in enc.answer_ids([p.answer for p in heldout_problems(spec, 50)])]
+    assert (spec.min_size, spec.max_size) == (12, 16) and 24 <= min(lengths) and max(lengths) <= 32
+    with pytest.raises(ValueError, match="at most 16"):
+        make_cumsum_labeled(rng, 17)
+
+
 def test_task_spec_parsing():
     assert str(TaskSpec.parse("count:2:8-12")) == "count:2:8-12"
     assert TaskSpec.parse("add") == TaskSpec("add", 1.0, 4, 4)

@@ -20,7 +20,8 @@ Tasks (``size`` is the task's length knob); the default mix is the last four:
 * ``count_padded``:    ``Count 8 terms from 047 by 07`` -> ``047,054,061,...`` (size: terms, each 3 digits);
 * ``chain``:           ``Chain AC,BA,CB`` -> ``AC,CB,BA`` (follow a cycle of ``size`` labels from A);
 * ``add_labeled``:     ``Add A4B7C2D1+I0J8K3L9`` -> labelled column sums right to left, then the
-  labelled sum: ``D1+L9+0=10,C2+K3+1=06,B7+J8+0=15,A4+I0+1=05;A5B5C6D0`` (size: digits).
+  labelled sum: ``D1+L9+0=10,C2+K3+1=06,B7+J8+0=15,A4+I0+1=05;A5B5C6D0`` (size: digits);
+* ``cumsum_labeled``:  ``Cumsum A3B1C4D9`` -> ``A3B4C8D7``: the running sum's last digit (size: items).
 
 Why labels: in the plain ``reverse`` and ``spell`` every answer token must find its input digit by
 position (an offset that grows with the token's index), which the 5M-parameter toy did not learn
@@ -154,6 +155,25 @@ def make_chain(rng: random.Random, size: int) -> Problem:
     return Problem("chain", "".join(cycle), f"Chain {','.join(pairs)}", walk)
 
 
+def make_cumsum_labeled(rng: random.Random, size: int) -> Problem:
+    """``Cumsum A3B1C4D9`` -> ``A3B4C8D7``: each item's running sum mod 10.
+
+    Item ``K`` of the answer is (item ``K-1`` of the answer + input ``K``) mod 10: one digit sum
+    (the skill ``add_labeled`` and ``count_padded`` need too) whose first operand sits a fixed two
+    tokens back and whose second is found by its label. Every item depends on the one before, so
+    even a model that has solved the task can commit about one item per iteration: solved blocks
+    still take many iterations (a solved ``reverse_labeled`` decodes a block in one).
+    """
+    if size > len(LABELS):
+        raise ValueError(f"cumsum_labeled: at most {len(LABELS)} items (labels A-P), got {size}")
+    s = _digits(rng, size)
+    run, out = 0, []
+    for i, d in enumerate(s):
+        run = (run + int(d)) % 10
+        out.append(f"{LABELS[i]}{run}")
+    return Problem("cumsum_labeled", s, f"Cumsum {_labelled(s)}", "".join(out))
+
+
 def _labelled_addends(a: int, b: int) -> tuple[str, str, int]:
     width = max(len(str(a)), len(str(b)))
     return str(a).zfill(width), str(b).zfill(width), width
@@ -205,11 +225,13 @@ MAKERS: dict[str, Callable[[random.Random, int], Problem]] = {
     "reverse": make_reverse, "spell": make_spell, "count": make_count, "add": make_add,
     "reverse_labeled": make_reverse_labeled, "spell_labeled": make_spell_labeled,
     "count_padded": make_count_padded, "add_labeled": make_add_labeled, "chain": make_chain,
+    "cumsum_labeled": make_cumsum_labeled,
 }
 # Sizes chosen so every answer is 24-64 tokens with the long-answer tokenizer (tests check the bounds).
 DEFAULT_SIZES: dict[str, tuple[int, int]] = {"reverse": (24, 24), "spell": (7, 8), "count": (10, 12), "add": (4, 4),
                                              "reverse_labeled": (12, 16), "spell_labeled": (5, 7),
-                                             "count_padded": (8, 10), "add_labeled": (3, 4), "chain": (9, 11)}
+                                             "count_padded": (8, 10), "add_labeled": (3, 4), "chain": (9, 11),
+                                             "cumsum_labeled": (12, 16)}
 
 
 @dataclass(frozen=True)
@@ -317,6 +339,12 @@ def answer_for(question: str) -> str | None:
         return "".join(reversed(re.findall(r"[A-P]\d", m.group(1))))
     if m := re.fullmatch(r"Spell ((?:[A-P]\d)+)", q):
         return " ".join(f"{x[0]} {WORDS[int(x[1])]}" for x in re.findall(r"[A-P]\d", m.group(1)))
+    if m := re.fullmatch(r"Cumsum ((?:[A-P]\d)+)", q):
+        items, run, out = re.findall(r"([A-P])(\d)", m.group(1)), 0, []
+        for label, d in items:
+            run = (run + int(d)) % 10
+            out.append(f"{label}{run}")
+        return "".join(out)
     if m := re.fullmatch(r"Chain ((?:[A-P]{2},)*[A-P]{2})", q):
         succ = dict(m.group(1).split(","))
         walk, cur = [], "A"
