@@ -11,11 +11,11 @@ import oled_hf  # noqa: F401  (registers the Auto classes)
 from oled_hf.toy import data, train_toy
 from oled_hf.toy.tokenizer import build_toy_tokenizer
 from oled_hf.toy.train import (
-    GroupedTrainingExecutor,
     LoopTrainingExecutor,
     diffusion_batch,
     set_executor,
     toy_config,
+    trainable_parameters,
     training_executor,
     update_expert_bias,
 )
@@ -37,11 +37,16 @@ def _state_equal(a, b):
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
-def test_training_lowers_loss(tmp_path):
+def test_training_lowers_loss(tmp_path, tokenizer):
     report = train_toy(tmp_path, seed=0, steps=40, save=False, lr=1e-2, **FAST)
     assert report["steps"] == 40
     model = report["model"]
     assert all(b.experts_executor is RESIDENT_EXECUTOR for b in model.moe_blocks())
+    assert all(p.requires_grad for p in model.parameters())  # end_training undid the bank training
+    torch.manual_seed(0)  # the initial weights train_toy drew
+    initial = OledLLaDA2ForDiffusionLM(toy_config(tokenizer, **MICRO))
+    for name in ("model.layers.1.mlp.experts.5.down_proj.weight", "model.layers.1.mlp.experts.0.gate_proj.weight"):
+        assert not torch.equal(model.state_dict()[name], initial.state_dict()[name]), name  # the experts trained
     assert report["loss_last_10"] < 0.6 * report["loss_first_10"]
     assert float(model.moe_blocks()[0].gate.expert_bias.abs().max()) > 0  # balancing ran
 
@@ -79,14 +84,24 @@ def test_training_executors_match_resident(tokenizer):
             outs.append(model(input_ids=x, block_length=8).logits)
     assert torch.equal(outs[0], outs[1])
     torch.testing.assert_close(outs[0], outs[2], rtol=0, atol=1e-5)
-    if isinstance(training_executor(), GroupedTrainingExecutor):  # gradients agree too
-        grads = []
-        for executor in (LoopTrainingExecutor(), GroupedTrainingExecutor()):
-            set_executor(model, executor)
-            model.zero_grad()
-            model(input_ids=x, block_length=8).logits.square().mean().backward()
-            grads.append(model.moe_blocks()[0].experts[0].up_proj.weight.grad.clone())
-        torch.testing.assert_close(grads[0], grads[1], rtol=1e-5, atol=1e-7)
+    if training_executor() is RESIDENT_EXECUTOR:  # gradients agree too, per expert and through the banks
+        set_executor(model, LoopTrainingExecutor())
+        model.zero_grad()
+        model(input_ids=x, block_length=8).logits.square().mean().backward()
+        experts = model.moe_blocks()[0].experts
+        loop_grads = [experts[e].up_proj.weight.grad.clone() for e in range(len(experts))]
+        params = trainable_parameters(model, RESIDENT_EXECUTOR)
+        set_executor(model, RESIDENT_EXECUTOR)
+        assert len(params) == len(list(model.parameters())) - 3 * MICRO["num_experts"] + 2  # 2 banks, layer 1
+        model(input_ids=x, block_length=8).logits.square().mean().backward()
+        bank = model.moe_blocks()[0]._expert_bank
+        inter = MICRO["moe_intermediate_size"]
+        assert any(p is bank.gate_up for p in params) and not experts[0].up_proj.weight.requires_grad
+        for e, grad in enumerate(loop_grads):
+            torch.testing.assert_close(bank.gate_up.grad[e, inter:], grad, rtol=1e-5, atol=1e-7)
+        with torch.no_grad():  # an optimiser step on the bank is a step on the per-expert (saved) weights
+            bank.gate_up[3, inter:] += 1.0
+        assert torch.equal(experts[3].up_proj.weight, bank.gate_up[3, inter:])
 
 
 def test_bias_update_moves_toward_balance(tokenizer):

@@ -4,7 +4,7 @@
 
 The network is ``OledLLaDA2ForDiffusionLM`` with ``LONG_MODEL`` (256 experts of width 16, top-8,
 ``n_group=8``, ``topk_group=4``, one shared expert, layer 0 dense, QK-norm, partial RoPE), trained
-by the 3-digit toy's recipe (``oled_hf/toy/train.py``: grouped-GEMM training executor, AdamW,
+by the 3-digit toy's recipe (``oled_hf/toy/train.py``: the experts trained as stacked banks through the grouped executor, AdamW,
 cosine LR, LLaDA2's aux-loss-free expert-bias balancing, one thread for bitwise determinism) on
 the task mix given by ``--task`` (default: the four tasks of ``tasks.py`` at equal weight).
 Noising is block diffusion with a clean prefix (``data.py``); each batch's block-causal mask
@@ -27,8 +27,15 @@ import torch.nn.functional as F
 from transformers import GenerationConfig
 
 from ...modeling import OledLLaDA2ForDiffusionLM
-from ...modeling.experts import RESIDENT_EXECUTOR
-from ..train import lr_at, optimizer_step, set_executor, toy_config, training_executor
+from ..train import (
+    end_training,
+    lr_at,
+    optimizer_step,
+    set_executor,
+    toy_config,
+    trainable_parameters,
+    training_executor,
+)
 from . import REPORT_NAME
 from .data import LongEncoding, NoisedBatch, noise_batch, required_canvas, sample_batch
 from .tasks import TaskSpec, parse_mix
@@ -132,10 +139,11 @@ def train_long(
     else:
         model = OledLLaDA2ForDiffusionLM(config)
     model.train()
-    set_executor(model, training_executor())
+    executor = training_executor()
+    set_executor(model, executor)
     rng = random.Random(seed)
     generator = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0, foreach=True)
+    optimizer = torch.optim.AdamW(trainable_parameters(model, executor), lr=lr, betas=(0.9, 0.98), weight_decay=0.0, foreach=True)
     log(f"canvas {canvas_length}, {sum(p.numel() for p in model.parameters())} parameters, "
         f"mix {' '.join(map(str, mix))}")
 
@@ -175,8 +183,7 @@ def train_long(
         step = steps
     train_seconds = time.perf_counter() - start
 
-    model.eval()
-    set_executor(model, RESIDENT_EXECUTOR)
+    end_training(model)
     report: dict = {
         "command": command or [],
         "tasks": [str(t) for t in mix],
