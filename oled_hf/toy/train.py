@@ -292,7 +292,8 @@ def train_toy(
     executor = training_executor()
     set_executor(model, executor)
     generator = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.AdamW(trainable_parameters(model, executor), lr=lr, betas=(0.9, 0.98), weight_decay=0.0, foreach=True)
+    optimizer = torch.optim.AdamW(trainable_parameters(model, executor), lr=lr, betas=(0.9, 0.98), weight_decay=0.0,
+                                  foreach=True)
 
     losses: list[float] = []
     curve: list[dict] = []

@@ -4,12 +4,12 @@
 
 The network is ``OledLLaDA2ForDiffusionLM`` with ``LONG_MODEL`` (256 experts of width 16, top-8,
 ``n_group=8``, ``topk_group=4``, one shared expert, layer 0 dense, QK-norm, partial RoPE), trained
-by the 3-digit toy's recipe (``oled_hf/toy/train.py``: the experts trained as stacked banks through the grouped executor, AdamW,
-cosine LR, LLaDA2's aux-loss-free expert-bias balancing, one thread for bitwise determinism) on
-the task mix given by ``--task`` (default: the four tasks of ``tasks.py`` at equal weight).
-Noising is block diffusion with a clean prefix (``data.py``); each batch's block-causal mask
-uses a block length drawn from ``BLOCK_LENGTHS``. ``OUT/long_report.json`` records the command,
-the mix, the curve and the held-out figures.
+by the 3-digit toy's recipe (``oled_hf/toy/train.py``: each layer's experts trained as one stacked
+bank through the grouped executor, AdamW, cosine LR, LLaDA2's aux-loss-free expert-bias balancing,
+one thread for bitwise determinism) on the task mix given by ``--task`` (default: the four tasks of
+``tasks.py`` at equal weight). Noising is block diffusion with a clean prefix (``data.py``); each
+batch's block-causal mask uses a block length drawn from ``BLOCK_LENGTHS``.
+``OUT/long_report.json`` records the command, the mix, the curve and the held-out figures.
 """
 
 from __future__ import annotations
@@ -143,7 +143,8 @@ def train_long(
     set_executor(model, executor)
     rng = random.Random(seed)
     generator = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.AdamW(trainable_parameters(model, executor), lr=lr, betas=(0.9, 0.98), weight_decay=0.0, foreach=True)
+    optimizer = torch.optim.AdamW(trainable_parameters(model, executor), lr=lr, betas=(0.9, 0.98), weight_decay=0.0,
+                                  foreach=True)
     log(f"canvas {canvas_length}, {sum(p.numel() for p in model.parameters())} parameters, "
         f"mix {' '.join(map(str, mix))}")
 
