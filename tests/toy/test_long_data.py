@@ -125,6 +125,27 @@ def test_cumsum_labeled_is_the_running_sum_mod_10(enc):
         make_cumsum_labeled(rng, 17)
 
 
+def test_cumsum_working_writes_each_step(enc):
+    from oled_hf.toy.long.tasks import answer_for, make_cumsum_working
+
+    assert answer_for("Sum A3B1C4D9") == "A3+0=3,B1+3=4,C4+4=8,D9+8=7"
+    rng = random.Random(6)
+    for size in (1, 5, 8, 16):
+        p = make_cumsum_working(rng, size)
+        steps = p.answer.split(",")
+        assert len(steps) == size and answer_for(p.question) == p.answer
+        total = 0
+        for i, step in enumerate(steps):
+            digit = int(p.question.removeprefix("Sum ")[2 * i + 1])
+            assert step == f"{'ABCDEFGHIJKLMNOP'[i]}{digit}+{total}={(total + digit) % 10}"
+            total = (total + digit) % 10
+    spec = TaskSpec("cumsum_working")
+    lengths = [len(a) for a in enc.answer_ids([p.answer for p in heldout_problems(spec, 50)])]
+    assert 24 <= min(lengths) and max(lengths) <= 64
+    with pytest.raises(ValueError, match="at most 16"):
+        make_cumsum_working(rng, 17)
+
+
 def test_task_spec_parsing():
     assert str(TaskSpec.parse("count:2:8-12")) == "count:2:8-12"
     assert TaskSpec.parse("add") == TaskSpec("add", 1.0, 4, 4)

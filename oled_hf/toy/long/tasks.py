@@ -21,7 +21,9 @@ Tasks (``size`` is the task's length knob); the default mix is the last four:
 * ``chain``:           ``Chain AC,BA,CB`` -> ``AC,CB,BA`` (follow a cycle of ``size`` labels from A);
 * ``add_labeled``:     ``Add A4B7C2D1+I0J8K3L9`` -> labelled column sums right to left, then the
   labelled sum: ``D1+L9+0=10,C2+K3+1=06,B7+J8+0=15,A4+I0+1=05;A5B5C6D0`` (size: digits);
-* ``cumsum_labeled``:  ``Cumsum A3B1C4D9`` -> ``A3B4C8D7``: the running sum's last digit (size: items).
+* ``cumsum_labeled``:  ``Cumsum A3B1C4D9`` -> ``A3B4C8D7``: the running sum's last digit (size: items);
+* ``cumsum_working``:  ``Sum A3B1C4D9`` -> ``A3+0=3,B1+3=4,C4+4=8,D9+8=7``: the same with each step
+  written out (size: items).
 
 Why labels: in the plain ``reverse`` and ``spell`` every answer token must find its input digit by
 position (an offset that grows with the token's index), which the 5M-parameter toy did not learn
@@ -174,6 +176,29 @@ def make_cumsum_labeled(rng: random.Random, size: int) -> Problem:
     return Problem("cumsum_labeled", s, f"Cumsum {_labelled(s)}", "".join(out))
 
 
+def cumsum_working(digits: str) -> str:
+    """Each item as ``{label}{digit}+{previous total}={new total}``, totals mod 10 (``cumsum_working``)."""
+    run, steps = 0, []
+    for i, d in enumerate(digits):
+        steps.append(f"{LABELS[i]}{d}+{run}={(run + int(d)) % 10}")
+        run = (run + int(d)) % 10
+    return ",".join(steps)
+
+
+def make_cumsum_working(rng: random.Random, size: int) -> Problem:
+    """``Sum A3B1C4D9`` -> ``A3+0=3,B1+3=4,C4+4=8,D9+8=7``: :func:`make_cumsum_labeled` with the working.
+
+    The compact ``cumsum_labeled`` asks for a label lookup and a digit sum in one token, which the
+    toy did not learn in 4,500 steps; here both operands of every sum are written just before it
+    (the digit copied by its label, the previous total copied from four tokens back), the layout
+    ``add_labeled``'s columns have, and each step still waits for the previous total.
+    """
+    if size > len(LABELS):
+        raise ValueError(f"cumsum_working: at most {len(LABELS)} items (labels A-P), got {size}")
+    s = _digits(rng, size)
+    return Problem("cumsum_working", s, f"Sum {_labelled(s)}", cumsum_working(s))
+
+
 def _labelled_addends(a: int, b: int) -> tuple[str, str, int]:
     width = max(len(str(a)), len(str(b)))
     return str(a).zfill(width), str(b).zfill(width), width
@@ -225,13 +250,13 @@ MAKERS: dict[str, Callable[[random.Random, int], Problem]] = {
     "reverse": make_reverse, "spell": make_spell, "count": make_count, "add": make_add,
     "reverse_labeled": make_reverse_labeled, "spell_labeled": make_spell_labeled,
     "count_padded": make_count_padded, "add_labeled": make_add_labeled, "chain": make_chain,
-    "cumsum_labeled": make_cumsum_labeled,
+    "cumsum_labeled": make_cumsum_labeled, "cumsum_working": make_cumsum_working,
 }
 # Sizes chosen so every answer is 24-64 tokens with the long-answer tokenizer (tests check the bounds).
 DEFAULT_SIZES: dict[str, tuple[int, int]] = {"reverse": (24, 24), "spell": (7, 8), "count": (10, 12), "add": (4, 4),
                                              "reverse_labeled": (12, 16), "spell_labeled": (5, 7),
                                              "count_padded": (8, 10), "add_labeled": (3, 4), "chain": (9, 11),
-                                             "cumsum_labeled": (12, 16)}
+                                             "cumsum_labeled": (12, 16), "cumsum_working": (5, 8)}
 
 
 @dataclass(frozen=True)
@@ -345,6 +370,8 @@ def answer_for(question: str) -> str | None:
             run = (run + int(d)) % 10
             out.append(f"{label}{run}")
         return "".join(out)
+    if m := re.fullmatch(r"Sum ((?:[A-P]\d)+)", q):
+        return cumsum_working(m.group(1)[1::2])
     if m := re.fullmatch(r"Chain ((?:[A-P]{2},)*[A-P]{2})", q):
         succ = dict(m.group(1).split(","))
         walk, cur = [], "A"
