@@ -162,9 +162,9 @@ def make_cumsum_labeled(rng: random.Random, size: int) -> Problem:
 
     Item ``K`` of the answer is (item ``K-1`` of the answer + input ``K``) mod 10: one digit sum
     (the skill ``add_labeled`` and ``count_padded`` need too) whose first operand sits a fixed two
-    tokens back and whose second is found by its label. Every item depends on the one before, so
-    even a model that has solved the task can commit about one item per iteration: solved blocks
-    still take many iterations (a solved ``reverse_labeled`` decodes a block in one).
+    tokens back and whose second is found by its label. Every item depends on the one before,
+    meant to keep a solved model's decode sequential; the toy has not learnt it (its first two
+    items only, after 4,500 steps), see :func:`make_cumsum_working`.
     """
     if size > len(LABELS):
         raise ValueError(f"cumsum_labeled: at most {len(LABELS)} items (labels A-P), got {size}")
@@ -191,7 +191,9 @@ def make_cumsum_working(rng: random.Random, size: int) -> Problem:
     The compact ``cumsum_labeled`` asks for a label lookup and a digit sum in one token, which the
     toy did not learn in 4,500 steps; here both operands of every sum are written just before it
     (the digit copied by its label, the previous total copied from four tokens back), the layout
-    ``add_labeled``'s columns have, and each step still waits for the previous total.
+    ``add_labeled``'s columns have. Learnt (1.00 held-out), but once solved it decodes ~1.6
+    iterations per block at threshold 0.95 (3.0 while half solved): the model commits several
+    steps per forward despite the chain.
     """
     if size > len(LABELS):
         raise ValueError(f"cumsum_working: at most {len(LABELS)} items (labels A-P), got {size}")
