@@ -16,7 +16,7 @@ $(PY):
 
 $(STAMP): $(PY) pyproject.toml
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[serve,eval,dev,plot]"
+	$(PY) -m pip install -q -e ".[serve,eval,dev,plot,fast]"
 	touch $(STAMP)
 
 demo: $(STAMP)

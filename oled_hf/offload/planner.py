@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from . import kernels
 from .dispatch import Dispatcher
 from .policies.base import CachePolicy, as_numpy
 from .stats import CacheStats
@@ -161,20 +162,19 @@ class CacheState:
         self, layer: int, cpu_l: list[int], counts: np.ndarray, policy: CachePolicy
     ) -> list[tuple[int, int, int | None]]:
         """Rule 4: reuse copies of CPU-computed misses; applied to residency and stats here."""
-        cand = np.asarray(cpu_l, dtype=np.int64)
-        reuse = policy.reuse_of(layer, cand)
-        keep = reuse >= policy.background_min_reuse
-        if not keep.any():
+        reuse = policy.reuse_of(layer, np.asarray(cpu_l, dtype=np.int64)).tolist()
+        floor = policy.background_min_reuse
+        ranked = [(e, r) for e, r in zip(cpu_l, reuse) if r >= floor]
+        if not ranked:
             return []
-        cand, reuse = cand[keep], reuse[keep]
-        cand = cand[np.argsort(-reuse, kind="stable")][: policy.background_copies].tolist()
+        ranked.sort(key=lambda er: -er[1])  # stable: ties keep miss order (as argsort(-reuse, kind="stable"))
+        cand = [e for e, _ in ranked[: policy.background_copies]]
         prio = policy.priority_array(layer)
         free = self._free[layer]
         slot_of_layer = self._slot_of[layer]
         victims: list[int] = []
         if len(cand) > len(free):
-            vic = (self._resident[layer] & (counts == 0)).nonzero()[0]
-            victims = vic[np.argsort(prio[vic], kind="stable")][: len(cand) - len(free)].tolist()
+            victims = self._lowest_idle(layer, counts, prio, len(cand) - len(free))
         copies: list[tuple[int, int, int | None]] = []
         evicted_all: list[int] = []
         vi = 0
@@ -255,8 +255,7 @@ class CacheState:
         victims: list[int] = []
         need = len(order) - len(free)
         if need > 0:
-            cand = (self._resident[layer] & (counts == 0)).nonzero()[0]
-            victims = cand[np.argsort(prio[cand], kind="stable")][:need].tolist()
+            victims = self._lowest_idle(layer, counts, prio, need)
         slot_of_layer = self._slot_of[layer]
         if need <= len(victims):  # the usual case: free slots, then victims; no slot reused
             nf = len(order) - max(need, 0)
@@ -298,6 +297,13 @@ class CacheState:
                 heapq.heappush(computed, (pl[e], e))
         self._apply_copies(layer, order, copies, evicted_all, streamed=computed is not None)
         return copies
+
+    def _lowest_idle(self, layer: int, counts: np.ndarray, prio: np.ndarray, n: int) -> list[int]:
+        """Eviction order: the ``n`` lowest-priority resident experts this access does not request, ties by id."""
+        if kernels.ENABLED:
+            return kernels.lowest_idle(self._resident[layer], counts, prio, n).tolist()
+        cand = (self._resident[layer] & (counts == 0)).nonzero()[0]
+        return cand[np.argsort(prio[cand], kind="stable")][:n].tolist()
 
     def _apply_copies(
         self,

@@ -11,7 +11,8 @@ experts, where NumPy's per-call overhead (~1 us) beats torch's (~5 us) by enough
 The public ``priority``/``predicted_reuse`` return torch views of that state (zero copy); the
 ``*_array`` variants and ``reuse_of`` (the reuse of just the misses) are the fast path the planner
 uses. ``observe_access`` runs once per MoE layer per forward on the live runtime's critical path, so
-an update costs a handful of NumPy calls and no Python loop over experts or tokens.
+an update costs a handful of NumPy calls and no Python loop over experts or tokens (OLED's is
+one compiled call where numba is installed: ``oled_hf/offload/kernels.py``).
 """
 
 from __future__ import annotations

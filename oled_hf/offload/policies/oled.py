@@ -51,6 +51,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import kernels
 from .base import MAX_REUSE, CachePolicy, as_numpy, register
 
 STABLE, DECODED, COMMITTED, CONFIDENT, UNSURE, FRESH, EDITED = 0, 1, 2, 3, 4, 8, 9  # UNSURE..UNSURE+3 = bins
@@ -124,6 +125,11 @@ class OledPolicy(CachePolicy):
         self._reuse_inputs: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None] = [None] * self.num_layers
         self._row_keys: dict[tuple[int, int], np.ndarray] = {}  # (rows, k) -> row*E per route
         self._stable: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}  # (rows, k) -> all-STABLE classes
+        # the update through oled_hf.offload.kernels (same floats), for the gate powers it implements
+        self._compiled = kernels.ENABLED and self.gate_power in (0.0, 0.5, 1.0)
+        if self._compiled:
+            kernels.warm_up()
+        self._acc = np.empty(self.num_experts)  # the compiled update's scratch
 
     @classmethod
     def from_config(cls, num_layers: int, num_experts: int, config: Any) -> OledPolicy:
@@ -200,6 +206,9 @@ class OledPolicy(CachePolicy):
         else:  # prefill / refresh / prompt rows: stable
             cls, entry_cls = self._all_stable(rows, k)
             cls_counts = None
+        if self._compiled and k <= kernels.MAX_ROW:  # (k is fixed per model: one path per run)
+            self._update_compiled(layer, ids, weights, cls, cls_counts, entry_cls, counts)
+            return
         if self.calibrate:
             self._measure(layer, ids, cls, cls_counts, entry_cls)
         stab = self._stab[layer]
@@ -220,6 +229,35 @@ class OledPolicy(CachePolicy):
         score *= self.decay
         score += np.bincount(flat, weights=entry, minlength=self.num_experts)
         self._reuse_inputs[layer] = (flat, stab, entry_cls)
+        if self.freq_weight:
+            freq = self._freq[layer]
+            freq *= self.freq_decay
+            freq += counts * (1.0 / rows)
+
+    def _update_compiled(self, layer: int, ids: np.ndarray, weights: Any, cls: np.ndarray,
+                         cls_counts: np.ndarray | None, entry_cls: np.ndarray, counts: np.ndarray) -> None:
+        """:meth:`_update` through ``kernels`` (same operations, same floats; one call each)."""
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        rows, k = ids.shape
+        if self.calibrate:
+            prev = self._prev[layer]
+            if prev is not None and prev[1] == ids.shape:
+                prev_ids, _, prev_cls, prev_counts, prev_entry_cls = prev
+                if prev_counts is None:
+                    prev_counts = np.bincount(prev_cls, minlength=N_CLASSES)
+                stab = np.empty(N_CLASSES)
+                kernels.measure(ids, prev_ids, prev_cls, prev_entry_cls, prev_counts, k & (k - 1) == 0,
+                                self._calib[layer], self.calibration_decay, self._pseudo, self.min_stability, stab)
+                self._stab[layer] = stab
+            self._prev[layer] = (ids.copy(), ids.shape, cls, cls_counts, entry_cls)
+        stab = self._stab[layer]
+        if weights is None or self.gate_power == 0.0:
+            kernels.score_update_flat(ids, entry_cls, stab, self._score[layer], self.decay, self._acc)
+        else:
+            gates = np.ascontiguousarray(as_numpy(weights).reshape(rows, k), dtype=np.float32)
+            kernels.score_update_gated(ids, gates, cls, stab, self.gate_power == 0.5, self._score[layer],
+                                       self.decay, self._acc)
+        self._reuse_inputs[layer] = (ids.reshape(-1), stab, entry_cls)
         if self.freq_weight:
             freq = self._freq[layer]
             freq *= self.freq_decay
@@ -296,6 +334,10 @@ class OledPolicy(CachePolicy):
         """Per expert, the sum over its routes of log(1 - s_row) (s capped at 0.99)."""
         flat, stab, entry_cls = pending
         per_class = np.log1p(-np.minimum(stab, 0.99))
+        if self._compiled:
+            out = np.empty(self.num_experts)
+            kernels.class_sum(flat, entry_cls, per_class, out)
+            return out
         return np.bincount(flat, weights=per_class[entry_cls], minlength=self.num_experts)
 
 

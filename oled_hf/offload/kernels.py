@@ -1,0 +1,304 @@
+"""Compiled inner loops of OLED's update, the copy-vs-CPU split and the victim choice (numba, optional).
+
+Why: at LLaDA2.0-mini scale a layer access is ~60-80 small NumPy calls of 1-3 us each, so the
+host time is call dispatch, not arithmetic; one compiled pass over an access's 256 routes costs
+less than a single NumPy call. Each kernel performs the same IEEE operations in the same order as
+the NumPy code it stands in for (``np.bincount``'s sequential sums, NumPy's pairwise float32 row
+sums, a stable sort by priority with ties by expert id), so decisions, counters and the plan
+checksums do not depend on which path ran; ``tests/offload/test_kernels.py`` compares the two.
+
+Without numba, or with ``OLED_HF_KERNELS=numpy`` in the environment, ``ENABLED`` is False and the
+NumPy code runs (it stays the reference).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+try:  # numba is an optional dependency (the ``fast`` extra)
+    import numba
+except ImportError:  # pragma: no cover - exercised where numba is missing
+    numba = None
+
+ENABLED = numba is not None and os.environ.get("OLED_HF_KERNELS", "numba") != "numpy"
+MAX_ROW = 128  # routes per row the gated update handles (NumPy's pairwise sum recurses beyond)
+
+
+def _jit(fn):
+    return numba.njit(cache=True, nogil=True)(fn) if ENABLED else None
+
+
+def _pairwise_f32(a, n):
+    """NumPy's pairwise sum of ``a[:n]`` in float32 (``np.add.reduce`` along a row), n <= 128.
+
+    Up to 128 terms NumPy adds eight interleaved partial sums, combines them as a tree and adds
+    the remainder in order (below 8 terms: in order); longer rows split recursively, which top-k
+    routing never needs (``MAX_ROW``).
+    """
+    if n < 8:
+        res = np.float32(0.0)
+        for i in range(n):
+            res = np.float32(res + a[i])
+        return res
+    r0, r1, r2, r3, r4, r5, r6, r7 = a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]
+    i = 8
+    while i < n - (n % 8):
+        r0 = np.float32(r0 + a[i])
+        r1 = np.float32(r1 + a[i + 1])
+        r2 = np.float32(r2 + a[i + 2])
+        r3 = np.float32(r3 + a[i + 3])
+        r4 = np.float32(r4 + a[i + 4])
+        r5 = np.float32(r5 + a[i + 5])
+        r6 = np.float32(r6 + a[i + 6])
+        r7 = np.float32(r7 + a[i + 7])
+        i += 8
+    res = np.float32(np.float32(np.float32(r0 + r1) + np.float32(r2 + r3))
+                     + np.float32(np.float32(r4 + r5) + np.float32(r6 + r7)))
+    while i < n:
+        res = np.float32(res + a[i])
+        i += 1
+    return res
+
+
+def _score_update_gated(ids, gates, cls, stab, sqrt_gate, score, decay, acc):
+    """OLED's priority update with gate weights (``OledPolicy._update``, gate power 0.5 or 1).
+
+    Per row: g = gate ** power (float32), entry = g * (s_row / max(sum(g), 1e-12)); then
+    ``score = score * decay + bincount(ids, entry)``. ``acc`` is scratch of the experts' length.
+    """
+    rows, k = ids.shape
+    g = np.empty(k, dtype=np.float32)
+    acc[:] = 0.0
+    tiny = np.float32(1e-12)
+    for r in range(rows):
+        for j in range(k):
+            g[j] = np.sqrt(gates[r, j]) if sqrt_gate else gates[r, j]
+        total = _pairwise_f32(g, k)
+        if total < tiny:
+            total = tiny
+        fac = stab[cls[r]] / np.float64(total)
+        for j in range(k):
+            acc[ids[r, j]] += np.float64(g[j]) * fac
+    for e in range(score.shape[0]):
+        score[e] = score[e] * decay
+    for e in range(score.shape[0]):
+        score[e] = score[e] + acc[e]
+
+
+def _score_update_flat(ids, entry_cls, stab, score, decay, acc):
+    """The update without gate weights: every route of a row counts ``s_row / k``."""
+    rows, k = ids.shape
+    acc[:] = 0.0
+    i = 0
+    for r in range(rows):
+        for j in range(k):
+            acc[ids[r, j]] += stab[entry_cls[i]] / k
+            i += 1
+    for e in range(score.shape[0]):
+        score[e] = score[e] * decay
+    for e in range(score.shape[0]):
+        score[e] = score[e] + acc[e]
+
+
+def _measure(ids, prev_ids, prev_cls, prev_entry_cls, prev_counts, pow2, calib, calib_decay,
+             pseudo, min_stability, stab_out):
+    """OLED's calibration step (``OledPolicy._measure`` then ``stability``), in place.
+
+    A previous route's matches are the current routes of its row with the same expert; their sum
+    per class (divided by k) is the class's kept fraction, added to the decayed calibration.
+    """
+    rows, k = ids.shape
+    n_cls = calib.shape[1]
+    kept = np.zeros(n_cls)
+    i = 0
+    for r in range(rows):
+        row_sum = 0
+        for j in range(k):
+            e = prev_ids[r, j]
+            m = 0
+            for jj in range(k):
+                if ids[r, jj] == e:
+                    m += 1
+            if pow2:
+                kept[prev_entry_cls[i]] += np.float64(m)
+            else:
+                row_sum += m
+            i += 1
+        if not pow2:
+            kept[prev_cls[r]] += row_sum / k
+    if pow2:
+        for c in range(n_cls):
+            kept[c] = kept[c] / k
+    for c in range(n_cls):
+        calib[0, c] = calib[0, c] * calib_decay
+        calib[1, c] = calib[1, c] * calib_decay
+    for c in range(n_cls):
+        calib[0, c] = calib[0, c] + kept[c]
+        calib[1, c] = calib[1, c] + prev_counts[c]
+    for c in range(n_cls):
+        s = (pseudo[0, c] + calib[0, c]) / (pseudo[1, c] + calib[1, c])
+        if s < min_stability:
+            s = min_stability
+        if s > 1.0:
+            s = 1.0
+        stab_out[c] = s
+
+
+def _class_sum(flat, entry_cls, per_class, out):
+    """``bincount(flat, weights=per_class[entry_cls])`` into ``out`` (OLED's log-miss per expert)."""
+    out[:] = 0.0
+    for i in range(flat.shape[0]):
+        out[flat[i]] += per_class[entry_cls[i]]
+
+
+def _lowest_idle(resident, counts, prio, n):
+    """The ``n`` lowest-priority resident experts not requested now (``counts == 0``), ties by id.
+
+    The planner's eviction order: ``cand[argsort(prio[cand], kind="stable")][:n]`` with ``cand``
+    the resident idle experts in id order.
+    """
+    m = 0
+    for e in range(resident.shape[0]):
+        if resident[e] and counts[e] == 0:
+            m += 1
+    cand = np.empty(m, dtype=np.int64)
+    m = 0
+    for e in range(resident.shape[0]):
+        if resident[e] and counts[e] == 0:
+            cand[m] = e
+            m += 1
+    keys = np.empty(m)
+    for i in range(m):
+        keys[i] = prio[cand[i]]
+    order = np.argsort(keys, kind="mergesort")
+    n = min(n, m)
+    out = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        out[i] = cand[order[i]]
+    return out
+
+
+def _pairwise_f64(a, n):
+    """NumPy's pairwise sum of a float64 vector of ``n <= 128`` terms (``np.add.reduce``)."""
+    if n < 8:
+        res = 0.0
+        for i in range(n):
+            res += a[i]
+        return res
+    r0, r1, r2, r3, r4, r5, r6, r7 = a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]
+    i = 8
+    while i < n - (n % 8):
+        r0 += a[i]
+        r1 += a[i + 1]
+        r2 += a[i + 2]
+        r3 += a[i + 3]
+        r4 += a[i + 4]
+        r5 += a[i + 5]
+        r6 += a[i + 6]
+        r7 += a[i + 7]
+        i += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < n:
+        res += a[i]
+        i += 1
+    return res
+
+
+def _split_misses(tokens, reuse, admitted, room, g0, copy_t, ov, cf, cs, gf, gs, take):
+    """``Dispatcher._split_small`` (the copy-vs-CPU rule), operation for operation; fills ``take``.
+
+    Returns False (``take`` untouched) where a key is NaN, which the caller hands to NumPy.
+    """
+    m = tokens.shape[0]
+    cpu = np.empty(m)
+    gpu = np.empty(m)
+    r1 = np.empty(m)
+    neg_key = np.empty(m)
+    for i in range(m):
+        n = np.float64(tokens[i])
+        c = n * cs
+        cpu[i] = ov + (c if c > cf else cf)
+        gpu[i] = gf + n * gs
+        r = reuse[i]
+        r1[i] = 1.0 + (0.0 if 0.0 > r else r)
+        neg_key[i] = -(cpu[i] * r1[i] / (gpu[i] + copy_t))
+        if np.isnan(neg_key[i]):
+            return False
+    take[:] = False
+    n_cand = 0
+    for i in range(m):
+        if admitted[i]:
+            n_cand += 1
+    if n_cand == 0:
+        return True
+    cand = np.empty(n_cand, dtype=np.int64)
+    keys = np.empty(n_cand)
+    n_cand = 0
+    for i in range(m):
+        if admitted[i]:
+            cand[n_cand] = i
+            keys[n_cand] = neg_key[i]
+            n_cand += 1
+    order = cand[np.argsort(keys, kind="mergesort")]
+    if m == 1:
+        c0 = cpu[0]
+    elif m == 2:
+        c0 = cpu[0] + cpu[1]
+    else:
+        c0 = _pairwise_f64(cpu, m)
+    best, best_span = 0, np.inf
+    g_run = -0.0
+    c_run = -0.0
+    for j in range(n_cand):
+        i = order[j]
+        g_run += gpu[i] + (copy_t / r1[i] if j < room else copy_t)
+        c_run += cpu[i]
+        g_span = g0 + g_run
+        c_span = c0 - c_run
+        span = c_span if c_span > g_span else g_span
+        if span <= best_span:
+            best, best_span = j + 1, span
+    if best_span > (c0 if c0 > g0 else g0):
+        best = 0
+    for j in range(best):
+        take[order[j]] = True
+    return True
+
+
+if ENABLED:  # compiled first: the kernels below call it
+    _pairwise_f32 = numba.njit(cache=True, nogil=True)(_pairwise_f32)
+    _pairwise_f64 = numba.njit(cache=True, nogil=True)(_pairwise_f64)
+score_update_gated = _jit(_score_update_gated)
+score_update_flat = _jit(_score_update_flat)
+measure = _jit(_measure)
+class_sum = _jit(_class_sum)
+lowest_idle = _jit(_lowest_idle)
+split_misses = _jit(_split_misses)
+
+_warm = False
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's cache) every kernel once, on tiny inputs.
+
+    Called when a policy that uses them is built, so the first forward of a live run does not
+    pay the ~1-3 s of compilation (0.1-1 s to load it from the on-disk cache).
+    """
+    global _warm
+    if _warm or not ENABLED:
+        return
+    ids = np.zeros((1, 2), dtype=np.int64)
+    cls = np.zeros(1, dtype=np.intp)
+    stab = np.ones(10)
+    score, acc = np.zeros(2), np.zeros(2)
+    score_update_gated(ids, np.ones((1, 2), dtype=np.float32), cls, stab, True, score, 0.5, acc)
+    score_update_flat(ids, np.zeros(2, dtype=np.intp), stab, score, 0.5, acc)
+    measure(ids, ids, cls, np.zeros(2, dtype=np.intp), np.zeros(10, dtype=np.int64), True,
+            np.zeros((2, 10)), 0.98, np.ones((2, 10)), 0.05, np.empty(10))
+    class_sum(ids.reshape(-1), np.zeros(2, dtype=np.intp), stab, np.empty(2))
+    lowest_idle(np.ones(2, dtype=bool), np.zeros(2, dtype=np.int64), np.zeros(2), 1)
+    split_misses(np.ones(2, dtype=np.int64), np.zeros(2), np.ones(2, dtype=bool), 1, 0.0, 1.0,
+                 0.0, 1.0, 1.0, 1.0, 1.0, np.zeros(2, dtype=bool))
+    _warm = True
