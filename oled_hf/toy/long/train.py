@@ -38,7 +38,7 @@ from ..train import (
 )
 from . import REPORT_NAME
 from .data import LongEncoding, NoisedBatch, noise_batch, required_canvas, sample_batch
-from .tasks import TaskSpec, parse_mix
+from .tasks import DEFAULT_TASKS, TaskSpec, parse_mix
 from .tokenizer import build_long_tokenizer
 
 LONG_MODEL = dict(
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", help="checkpoint folder to write")
     parser.add_argument("--task", action="append", default=None, metavar="NAME[:WEIGHT[:LO-HI]]",
-                        help="a task of the mix (repeatable); default: reverse, spell, count, add at weight 1")
+                        help=f"a task of the mix (repeatable); default: {', '.join(DEFAULT_TASKS)} at weight 1")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--batch-size", type=int, default=32)
