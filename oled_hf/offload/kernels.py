@@ -267,6 +267,27 @@ def _split_misses(tokens, reuse, admitted, room, g0, copy_t, ov, cf, cs, gf, gs,
     return True
 
 
+def _apply_copies(flags, new, evicted, slots, slot_expert):
+    """``CacheState._apply_copies`` without streaming: residency after one access's copies.
+
+    ``flags`` is the layer's ``[2, E]`` (resident, copied-and-not-hit-since); victims (``evicted``)
+    were resident and are not among ``new``. Returns how many victims were dead on arrival.
+    """
+    doa = 0
+    for e in evicted:
+        if flags[1, e]:
+            doa += 1
+    for e in new:
+        flags[0, e] = True
+        flags[1, e] = True
+    for e in evicted:
+        flags[0, e] = False
+        flags[1, e] = False
+    for i in range(new.shape[0]):
+        slot_expert[slots[i]] = new[i]
+    return doa
+
+
 if ENABLED:  # compiled first: the kernels below call it
     _pairwise_f32 = numba.njit(cache=True, nogil=True)(_pairwise_f32)
     _pairwise_f64 = numba.njit(cache=True, nogil=True)(_pairwise_f64)
@@ -276,6 +297,7 @@ measure = _jit(_measure)
 class_sum = _jit(_class_sum)
 lowest_idle = _jit(_lowest_idle)
 split_misses = _jit(_split_misses)
+apply_copies = _jit(_apply_copies)
 
 _warm = False
 
@@ -299,6 +321,8 @@ def warm_up() -> None:
             np.zeros((2, 10)), 0.98, np.ones((2, 10)), 0.05, np.empty(10))
     class_sum(ids.reshape(-1), np.zeros(2, dtype=np.intp), stab, np.empty(2))
     lowest_idle(np.ones(2, dtype=bool), np.zeros(2, dtype=np.int64), np.zeros(2), 1)
+    one = np.zeros(1, dtype=np.int64)
+    apply_copies(np.zeros((2, 2), dtype=bool), one, one[:0], one, np.zeros(2, dtype=np.int64))
     split_misses(np.ones(2, dtype=np.int64), np.zeros(2), np.ones(2, dtype=bool), 1, 0.0, 1.0,
                  0.0, 1.0, 1.0, 1.0, 1.0, np.zeros(2, dtype=bool))
     _warm = True

@@ -321,6 +321,14 @@ class CacheState:
         hit since.
         """
         flags = self._flags[layer]
+        if kernels.ENABLED and not streamed:
+            doa = kernels.apply_copies(flags, np.array(new, dtype=np.int64), np.array(evicted, dtype=np.int64),
+                                       np.array([slot for _, slot, _ in copies], dtype=np.int64), self.slot_expert)
+            if evicted:
+                st = self.stats
+                st.evictions[layer] += len(evicted)
+                st.dead_on_arrival[layer] += doa
+            return
         if evicted:
             if streamed:
                 fresh = set(new)
