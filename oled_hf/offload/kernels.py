@@ -288,6 +288,31 @@ def _apply_copies(flags, new, evicted, slots, slot_expert):
     return doa
 
 
+def _split_requests(counts, resident):
+    """The requested experts (``counts > 0``) split into resident hits and misses, each in id order."""
+    n_hit = 0
+    n_miss = 0
+    for e in range(counts.shape[0]):
+        if counts[e]:
+            if resident[e]:
+                n_hit += 1
+            else:
+                n_miss += 1
+    hits = np.empty(n_hit, dtype=np.int64)
+    misses = np.empty(n_miss, dtype=np.int64)
+    n_hit = 0
+    n_miss = 0
+    for e in range(counts.shape[0]):
+        if counts[e]:
+            if resident[e]:
+                hits[n_hit] = e
+                n_hit += 1
+            else:
+                misses[n_miss] = e
+                n_miss += 1
+    return hits, misses
+
+
 if ENABLED:  # compiled first: the kernels below call it
     _pairwise_f32 = numba.njit(cache=True, nogil=True)(_pairwise_f32)
     _pairwise_f64 = numba.njit(cache=True, nogil=True)(_pairwise_f64)
@@ -298,6 +323,7 @@ class_sum = _jit(_class_sum)
 lowest_idle = _jit(_lowest_idle)
 split_misses = _jit(_split_misses)
 apply_copies = _jit(_apply_copies)
+split_requests = _jit(_split_requests)
 
 _warm = False
 
@@ -322,6 +348,7 @@ def warm_up() -> None:
     class_sum(ids.reshape(-1), np.zeros(2, dtype=np.intp), stab, np.empty(2))
     lowest_idle(np.ones(2, dtype=bool), np.zeros(2, dtype=np.int64), np.zeros(2), 1)
     one = np.zeros(1, dtype=np.int64)
+    split_requests(np.ones(2, dtype=np.int64), np.ones(2, dtype=bool))
     apply_copies(np.zeros((2, 2), dtype=bool), one, one[:0], one, np.zeros(2, dtype=np.int64))
     split_misses(np.ones(2, dtype=np.int64), np.zeros(2), np.ones(2, dtype=bool), 1, 0.0, 1.0,
                  0.0, 1.0, 1.0, 1.0, 1.0, np.zeros(2, dtype=bool))

@@ -128,10 +128,13 @@ class CacheState:
         ids = as_numpy(topk_ids)
         if counts is None:
             counts = np.bincount(ids.reshape(-1), minlength=self.num_experts)
-        req = counts.nonzero()[0]
-        hit_mask = self._resident[layer][req]
-        hits = req[hit_mask]
-        misses = req[~hit_mask]
+        if kernels.ENABLED:
+            hits, misses = kernels.split_requests(counts, self._resident[layer])
+        else:
+            req = counts.nonzero()[0]
+            hit_mask = self._resident[layer][req]
+            hits = req[hit_mask]
+            misses = req[~hit_mask]
         hits_l = hits.tolist()
         n_hits = len(hits_l)
         total_tokens = ids.size  # = counts.sum(): each route is one token of one expert

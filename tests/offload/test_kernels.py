@@ -132,3 +132,14 @@ def test_pairwise_f64_is_numpys_sum():
         for _ in range(30):
             a = rng.random(n) * rng.choice([1e-6, 1.0, 1e6])
             assert kernels._pairwise_f64(a, n) == np.add.reduce(a), n
+
+
+def test_split_requests_matches_numpy():
+    rng = np.random.default_rng(4)
+    for _ in range(200):
+        e = int(rng.integers(1, 300))
+        counts = np.where(rng.random(e) < 0.3, rng.integers(1, 9, e), 0)
+        resident = rng.random(e) < 0.5
+        req = counts.nonzero()[0]
+        hits, misses = kernels.split_requests(counts, resident)
+        assert hits.tolist() == req[resident[req]].tolist() and misses.tolist() == req[~resident[req]].tolist()
