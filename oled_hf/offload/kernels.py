@@ -30,36 +30,44 @@ def _jit(fn):
     return numba.njit(cache=True, nogil=True)(fn) if ENABLED else None
 
 
-def _pairwise_f32(a, n):
-    """NumPy's pairwise sum of ``a[:n]`` in float32 (``np.add.reduce`` along a row), n <= 128.
+def _pairwise(a, n):
+    """NumPy's pairwise sum of ``a[:n]`` (``np.add.reduce``), 1 <= n <= 128, in ``a``'s dtype.
 
     Up to 128 terms NumPy adds eight interleaved partial sums, combines them as a tree and adds
     the remainder in order (below 8 terms: in order); longer rows split recursively, which top-k
-    routing never needs (``MAX_ROW``).
+    routing and a layer's few misses never need (``MAX_ROW``). The compiled arithmetic keeps
+    float32 in float32, as NumPy does.
     """
     if n < 8:
-        res = np.float32(0.0)
-        for i in range(n):
-            res = np.float32(res + a[i])
+        res = a[0]
+        for i in range(1, n):
+            res += a[i]
         return res
     r0, r1, r2, r3, r4, r5, r6, r7 = a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]
     i = 8
     while i < n - (n % 8):
-        r0 = np.float32(r0 + a[i])
-        r1 = np.float32(r1 + a[i + 1])
-        r2 = np.float32(r2 + a[i + 2])
-        r3 = np.float32(r3 + a[i + 3])
-        r4 = np.float32(r4 + a[i + 4])
-        r5 = np.float32(r5 + a[i + 5])
-        r6 = np.float32(r6 + a[i + 6])
-        r7 = np.float32(r7 + a[i + 7])
+        r0 += a[i]
+        r1 += a[i + 1]
+        r2 += a[i + 2]
+        r3 += a[i + 3]
+        r4 += a[i + 4]
+        r5 += a[i + 5]
+        r6 += a[i + 6]
+        r7 += a[i + 7]
         i += 8
-    res = np.float32(np.float32(np.float32(r0 + r1) + np.float32(r2 + r3))
-                     + np.float32(np.float32(r4 + r5) + np.float32(r6 + r7)))
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
     while i < n:
-        res = np.float32(res + a[i])
+        res += a[i]
         i += 1
     return res
+
+
+def _decay_add(score, decay, acc):
+    """``score *= decay; score += acc``: two passes, so each product is rounded before the add."""
+    for e in range(score.shape[0]):
+        score[e] = score[e] * decay
+    for e in range(score.shape[0]):
+        score[e] = score[e] + acc[e]
 
 
 def _score_update_gated(ids, gates, cls, stab, sqrt_gate, score, decay, acc):
@@ -75,16 +83,13 @@ def _score_update_gated(ids, gates, cls, stab, sqrt_gate, score, decay, acc):
     for r in range(rows):
         for j in range(k):
             g[j] = np.sqrt(gates[r, j]) if sqrt_gate else gates[r, j]
-        total = _pairwise_f32(g, k)
+        total = _pairwise(g, k)
         if total < tiny:
             total = tiny
         fac = stab[cls[r]] / np.float64(total)
         for j in range(k):
             acc[ids[r, j]] += np.float64(g[j]) * fac
-    for e in range(score.shape[0]):
-        score[e] = score[e] * decay
-    for e in range(score.shape[0]):
-        score[e] = score[e] + acc[e]
+    _decay_add(score, decay, acc)
 
 
 def _score_update_flat(ids, entry_cls, stab, score, decay, acc):
@@ -96,10 +101,7 @@ def _score_update_flat(ids, entry_cls, stab, score, decay, acc):
         for j in range(k):
             acc[ids[r, j]] += stab[entry_cls[i]] / k
             i += 1
-    for e in range(score.shape[0]):
-        score[e] = score[e] * decay
-    for e in range(score.shape[0]):
-        score[e] = score[e] + acc[e]
+    _decay_add(score, decay, acc)
 
 
 def _measure(ids, prev_ids, prev_cls, prev_entry_cls, prev_counts, pow2, calib, calib_decay,
@@ -180,32 +182,6 @@ def _lowest_idle(resident, counts, prio, n):
     return out
 
 
-def _pairwise_f64(a, n):
-    """NumPy's pairwise sum of a float64 vector of ``n <= 128`` terms (``np.add.reduce``)."""
-    if n < 8:
-        res = 0.0
-        for i in range(n):
-            res += a[i]
-        return res
-    r0, r1, r2, r3, r4, r5, r6, r7 = a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]
-    i = 8
-    while i < n - (n % 8):
-        r0 += a[i]
-        r1 += a[i + 1]
-        r2 += a[i + 2]
-        r3 += a[i + 3]
-        r4 += a[i + 4]
-        r5 += a[i + 5]
-        r6 += a[i + 6]
-        r7 += a[i + 7]
-        i += 8
-    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
-    while i < n:
-        res += a[i]
-        i += 1
-    return res
-
-
 def _split_misses(tokens, reuse, admitted, room, g0, copy_t, ov, cf, cs, gf, gs, take):
     """``Dispatcher._split_small`` (the copy-vs-CPU rule), operation for operation; fills ``take``.
 
@@ -247,7 +223,7 @@ def _split_misses(tokens, reuse, admitted, room, g0, copy_t, ov, cf, cs, gf, gs,
     elif m == 2:
         c0 = cpu[0] + cpu[1]
     else:
-        c0 = _pairwise_f64(cpu, m)
+        c0 = _pairwise(cpu, m)
     best, best_span = 0, np.inf
     g_run = -0.0
     c_run = -0.0
@@ -313,9 +289,9 @@ def _split_requests(counts, resident):
     return hits, misses
 
 
-if ENABLED:  # compiled first: the kernels below call it
-    _pairwise_f32 = numba.njit(cache=True, nogil=True)(_pairwise_f32)
-    _pairwise_f64 = numba.njit(cache=True, nogil=True)(_pairwise_f64)
+if ENABLED:  # compiled first: the kernels below call them
+    _pairwise = numba.njit(cache=True, nogil=True)(_pairwise)
+    _decay_add = numba.njit(cache=True, nogil=True)(_decay_add)
 score_update_gated = _jit(_score_update_gated)
 score_update_flat = _jit(_score_update_flat)
 measure = _jit(_measure)

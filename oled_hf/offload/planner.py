@@ -327,28 +327,25 @@ class CacheState:
         if kernels.ENABLED and not streamed:
             doa = kernels.apply_copies(flags, np.array(new, dtype=np.int64), np.array(evicted, dtype=np.int64),
                                        np.array([slot for _, slot, _ in copies], dtype=np.int64), self.slot_expert)
-            if evicted:
-                st = self.stats
-                st.evictions[layer] += len(evicted)
-                st.dead_on_arrival[layer] += doa
-            return
-        if evicted:
-            if streamed:
+        else:
+            doa = 0
+            if evicted and streamed:
                 fresh = set(new)
                 doa = sum(1 for x, u in zip(evicted, flags[1][evicted].tolist()) if u or x in fresh)
-            else:  # victims were resident before this access and are not requested by it
+            elif evicted:  # victims were resident before this access and are not requested by it
                 doa = int(np.count_nonzero(flags[1][evicted]))
+            flags[:, new] = True
+            if evicted:
+                flags[:, evicted] = False
+            if streamed:  # a slot may take several experts in turn: the last one stays
+                for e, slot, _ in copies:
+                    self.slot_expert[slot] = e
+            else:
+                self.slot_expert[[slot for _, slot, _ in copies]] = new
+        if evicted:
             st = self.stats
             st.evictions[layer] += len(evicted)
             st.dead_on_arrival[layer] += doa
-        flags[:, new] = True
-        if evicted:
-            flags[:, evicted] = False
-        if streamed:  # a slot may take several experts in turn: the last one stays
-            for e, slot, _ in copies:
-                self.slot_expert[slot] = e
-        else:
-            self.slot_expert[[slot for _, slot, _ in copies]] = new
 
     def admit(self, layer: int, experts: Any, policy: CachePolicy) -> list[tuple[int, int, int | None]]:
         """Prefetch: copy ``experts`` (best first) into the layer's slots ahead of its access.

@@ -207,8 +207,18 @@ class OledPolicy(CachePolicy):
             cls, entry_cls = self._all_stable(rows, k)
             cls_counts = None
         if self._compiled and k <= kernels.MAX_ROW:  # (k is fixed per model: one path per run)
-            self._update_compiled(layer, ids, weights, cls, cls_counts, entry_cls, counts)
-            return
+            self._update_compiled(layer, ids, weights, cls, cls_counts, entry_cls)
+        else:
+            self._update_numpy(layer, ids, weights, cls, cls_counts, entry_cls)
+        if self.freq_weight:
+            freq = self._freq[layer]
+            freq *= self.freq_decay
+            freq += counts * (1.0 / rows)
+
+    def _update_numpy(self, layer: int, ids: np.ndarray, weights: Any, cls: np.ndarray,
+                      cls_counts: np.ndarray | None, entry_cls: np.ndarray) -> None:
+        """Calibration and score update of one access (module docstring, steps 2-3), in NumPy."""
+        rows, k = ids.shape
         if self.calibrate:
             self._measure(layer, ids, cls, cls_counts, entry_cls)
         stab = self._stab[layer]
@@ -229,14 +239,10 @@ class OledPolicy(CachePolicy):
         score *= self.decay
         score += np.bincount(flat, weights=entry, minlength=self.num_experts)
         self._reuse_inputs[layer] = (flat, stab, entry_cls)
-        if self.freq_weight:
-            freq = self._freq[layer]
-            freq *= self.freq_decay
-            freq += counts * (1.0 / rows)
 
     def _update_compiled(self, layer: int, ids: np.ndarray, weights: Any, cls: np.ndarray,
-                         cls_counts: np.ndarray | None, entry_cls: np.ndarray, counts: np.ndarray) -> None:
-        """:meth:`_update` through ``kernels`` (same operations, same floats; one call each)."""
+                         cls_counts: np.ndarray | None, entry_cls: np.ndarray) -> None:
+        """:meth:`_update_numpy` through ``kernels`` (same operations, same floats; one call each)."""
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         rows, k = ids.shape
         if self.calibrate:
@@ -258,10 +264,6 @@ class OledPolicy(CachePolicy):
             kernels.score_update_gated(ids, gates, cls, stab, self.gate_power == 0.5, self._score[layer],
                                        self.decay, self._acc)
         self._reuse_inputs[layer] = (ids.reshape(-1), stab, entry_cls)
-        if self.freq_weight:
-            freq = self._freq[layer]
-            freq *= self.freq_decay
-            freq += counts * (1.0 / rows)
 
     def _all_stable(self, rows: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Class per row and per route for rows without an event (all STABLE); cached, read-only."""
