@@ -13,6 +13,7 @@ NumPy code runs (it stays the reference).
 
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -24,6 +25,7 @@ except ImportError:  # pragma: no cover - exercised where numba is missing
 
 ENABLED = numba is not None and os.environ.get("OLED_HF_KERNELS", "numba") != "numpy"
 MAX_ROW = 128  # routes per row the gated update handles (NumPy's pairwise sum recurses beyond)
+MAX_REUSE = 32.0  # cap of a predicted reuse (policies.base re-exports it)
 
 
 def _jit(fn):
@@ -244,14 +246,19 @@ def _split_misses(tokens, reuse, admitted, room, g0, copy_t, ov, cf, cs, gf, gs,
 
 
 def _apply_copies(flags, new, evicted, slots, slot_expert):
-    """``CacheState._apply_copies`` without streaming: residency after one access's copies.
+    """``CacheState._apply_copies``: residency after one access's copies (in order), streamed or not.
 
-    ``flags`` is the layer's ``[2, E]`` (resident, copied-and-not-hit-since); victims (``evicted``)
-    were resident and are not among ``new``. Returns how many victims were dead on arrival.
+    ``flags`` is the layer's ``[2, E]`` (resident, copied-and-not-hit-since). An evicted expert is
+    dead on arrival if it was copied and never hit since, earlier or in this access (a copy that
+    a later copy streamed through). Returns how many were.
     """
     doa = 0
     for e in evicted:
-        if flags[1, e]:
+        fresh = flags[1, e]
+        for x in new:
+            if x == e:
+                fresh = True
+        if fresh:
             doa += 1
     for e in new:
         flags[0, e] = True
@@ -264,42 +271,218 @@ def _apply_copies(flags, new, evicted, slots, slot_expert):
     return doa
 
 
-def _split_requests(counts, resident):
-    """The requested experts (``counts > 0``) split into resident hits and misses, each in id order."""
-    n_hit = 0
-    n_miss = 0
-    for e in range(counts.shape[0]):
+def _reuse_at(e, mode, reuse_row, log_miss):
+    """Predicted reuse of expert ``e``: the policy's row (mode 1) or OLED's rule 4 from its log-miss."""
+    if mode == 1:
+        return reuse_row[e]
+    p = -math.expm1(log_miss[e])  # OLED's _reuse_from, element-wise
+    d = 1.0 - p
+    r = p / (d if d > 1e-9 else 1e-9)
+    return r if r < MAX_REUSE else MAX_REUSE
+
+
+def _log_miss(mode, flat, entry_cls, stab, num_experts):
+    """OLED's per-expert sum of log(1 - s_row) over its routes (mode 2); empty otherwise."""
+    if mode != 2:
+        return np.empty(0)
+    per_class = np.empty(stab.shape[0])
+    for c in range(stab.shape[0]):
+        s = stab[c]
+        per_class[c] = math.log1p(-(s if s < 0.99 else 0.99))
+    out = np.empty(num_experts)
+    _class_sum(flat, entry_cls, per_class, out)
+    return out
+
+
+def _plan_access(layer, counts, flags_all, slot_all, free_all, free_n, slot_expert, prio, adm, use_adm,
+                 reuse_mode, reuse_row, flat, entry_cls, stab, capacity, total_tokens, cpu_enabled,
+                 bg_copies, bg_min_reuse, copy_t, ov, cf, cs, gf, gs, out, info):
+    """``CacheState.plan`` for one access in one call, over the state arrays; returns 0, or 1 untouched.
+
+    Same rules and floats as the Python path: hits and misses in id order, the dispatcher's split
+    (``_split_misses``; up to ``MAX_ROW`` misses), copies in ascending priority into free slots
+    (popped from the top of the layer's stack), then the lowest-priority idle residents, then
+    the access's computed experts (a request over the capacity streams through their slots), then
+    rule 4's reuse copies. Returns 1 before changing anything where the Python path must plan the
+    access instead: a NaN key, more than ``MAX_ROW`` misses to split or a zero copy time. ``out``
+    rows: hits, their slots, copied experts, their slots, their victims (-1 none), CPU experts,
+    reuse copies, their slots, their victims;
+    ``info``: hits, misses, copies, CPU experts, CPU tokens, reuse copies, copies into free slots,
+    reuse copies into free slots, dead on arrival.
+    """
+    flags = flags_all[layer]
+    slot_of = slot_all[layer]
+    free = free_all[layer]
+    E = counts.shape[0]
+    nh = 0
+    nm = 0
+    misses = np.empty(E, dtype=np.int64)
+    for e in range(E):
         if counts[e]:
-            if resident[e]:
-                n_hit += 1
+            if flags[0, e]:
+                out[0, nh] = e
+                out[1, nh] = slot_of[e]
+                nh += 1
             else:
-                n_miss += 1
-    hits = np.empty(n_hit, dtype=np.int64)
-    misses = np.empty(n_miss, dtype=np.int64)
-    n_hit = 0
-    n_miss = 0
-    for e in range(counts.shape[0]):
-        if counts[e]:
-            if resident[e]:
-                hits[n_hit] = e
-                n_hit += 1
+                misses[nm] = e
+                nm += 1
+    take = np.ones(nm, dtype=np.bool_)
+    log_miss = np.empty(0)
+    if nm and cpu_enabled:
+        tokens = np.empty(nm, dtype=np.int64)
+        admitted = np.ones(nm, dtype=np.bool_)
+        n_adm = nm
+        miss_sum = 0
+        for i in range(nm):
+            tokens[i] = counts[misses[i]]
+            miss_sum += tokens[i]
+            if use_adm and not adm[misses[i]]:
+                admitted[i] = False
+                n_adm -= 1
+        if n_adm == 0:
+            take[:] = False
+        else:
+            if nm > MAX_ROW or not copy_t > 0.0:
+                return 1
+            reuse = np.zeros(nm)
+            if not bg_copies:
+                log_miss = _log_miss(reuse_mode, flat, entry_cls, stab, E)
+                for i in range(nm):
+                    reuse[i] = _reuse_at(misses[i], reuse_mode, reuse_row, log_miss)
+            g0 = gf * nh + gs * np.float64(total_tokens - miss_sum)
+            if not _split_misses(tokens, reuse, admitted, capacity - nh, g0, copy_t, ov, cf, cs, gf, gs, take):
+                return 1
+    nc = 0
+    for i in range(nm):
+        if take[i]:
+            nc += 1
+    copies = np.empty(nc, dtype=np.int64)
+    keys = np.empty(nc)
+    nc = 0
+    ncpu = 0
+    cpu_tokens = 0
+    for i in range(nm):
+        if take[i]:
+            copies[nc] = misses[i]
+            keys[nc] = prio[misses[i]]
+            nc += 1
+        else:
+            out[5, ncpu] = misses[i]
+            cpu_tokens += counts[misses[i]]
+            ncpu += 1
+    copies = copies[np.argsort(keys, kind="mergesort")]  # ascending priority, ties by id
+    n_free = free_n[layer]
+    need = nc - n_free
+    victims = np.empty(0, dtype=np.int64)
+    if need > 0:
+        victims = _lowest_idle(flags[0], counts, prio, need)
+    # ---- from here on the state changes
+    for i in range(nh):
+        flags[1, out[0, i]] = False
+    nf = min(nc, n_free)
+    slots = np.empty(nc, dtype=np.int64)
+    evicted = np.empty(max(nc - nf, 0), dtype=np.int64)
+    computed = np.empty(0, dtype=np.int64)  # the access's computed experts, once a copy streams (-1: gone)
+    for i in range(nc):
+        if i < nf:
+            slots[i] = free[n_free - 1 - i]
+        else:
+            if i - nf < victims.shape[0]:
+                v = victims[i - nf]
+            else:  # the request exceeds the capacity: through the lowest (priority, id) computed expert's slot
+                if computed.shape[0] == 0:
+                    computed = np.empty(nh + nc, dtype=np.int64)
+                    computed[:nh] = out[0, :nh]
+                    computed[nh:nh + i] = copies[:i]
+                    computed[nh + i:] = -1
+                best = -1
+                for j in range(computed.shape[0]):
+                    x = computed[j]
+                    if x >= 0 and (best < 0 or prio[x] < prio[computed[best]]
+                                   or (prio[x] == prio[computed[best]] and x < computed[best])):
+                        best = j
+                v = computed[best]
+                computed[best] = -1
+            evicted[i - nf] = v
+            slots[i] = slot_of[v]
+            slot_of[v] = -1
+            out[4, i] = v
+        slot_of[copies[i]] = slots[i]
+        out[2, i] = copies[i]
+        out[3, i] = slots[i]
+        if computed.shape[0]:
+            computed[nh + i] = copies[i]
+    free_n[layer] = n_free - nf
+    doa = _apply_copies(flags, copies, evicted, slots, slot_expert)
+    nbg = 0
+    nbg_free = 0
+    if ncpu and bg_copies:
+        if reuse_mode == 2 and log_miss.shape[0] == 0:
+            log_miss = _log_miss(reuse_mode, flat, entry_cls, stab, E)
+        ranked = np.empty(ncpu, dtype=np.int64)
+        neg = np.empty(ncpu)
+        nr = 0
+        for i in range(ncpu):
+            r = _reuse_at(out[5, i], reuse_mode, reuse_row, log_miss)
+            if r >= bg_min_reuse:
+                ranked[nr] = out[5, i]
+                neg[nr] = -r
+                nr += 1
+        cand = ranked[:nr][np.argsort(neg[:nr], kind="mergesort")][:bg_copies]
+        n_free = free_n[layer]
+        bg_victims = np.empty(0, dtype=np.int64)
+        if cand.shape[0] > n_free:
+            bg_victims = _lowest_idle(flags[0], counts, prio, cand.shape[0] - n_free)
+        vi = 0
+        for e in cand:
+            if n_free:
+                slot = free[n_free - 1]
+                n_free -= 1
+                out[8, nbg] = -1
+                nbg_free += 1
+            elif vi < bg_victims.shape[0] and prio[bg_victims[vi]] < prio[e]:
+                v = bg_victims[vi]
+                vi += 1
+                slot = slot_of[v]
+                slot_of[v] = -1
+                out[8, nbg] = v
             else:
-                misses[n_miss] = e
-                n_miss += 1
-    return hits, misses
+                break
+            slot_of[e] = slot
+            out[6, nbg] = e
+            out[7, nbg] = slot
+            nbg += 1
+        free_n[layer] = n_free
+        if nbg:
+            doa += _apply_copies(flags, out[6, :nbg].copy(), bg_victims[:vi], out[7, :nbg].copy(), slot_expert)
+    info[0] = nh
+    info[1] = nm
+    info[2] = nc
+    info[3] = ncpu
+    info[4] = cpu_tokens
+    info[5] = nbg
+    info[6] = nf
+    info[7] = nbg_free
+    info[8] = doa
+    return 0
 
 
 if ENABLED:  # compiled first: the kernels below call them
     _pairwise = numba.njit(cache=True, nogil=True)(_pairwise)
     _decay_add = numba.njit(cache=True, nogil=True)(_decay_add)
+    _class_sum = numba.njit(cache=True, nogil=True)(_class_sum)
+    _lowest_idle = numba.njit(cache=True, nogil=True)(_lowest_idle)
+    _split_misses = numba.njit(cache=True, nogil=True)(_split_misses)
+    _apply_copies = numba.njit(cache=True, nogil=True)(_apply_copies)
+    _reuse_at = numba.njit(cache=True, nogil=True)(_reuse_at)
+    _log_miss = numba.njit(cache=True, nogil=True)(_log_miss)
 score_update_gated = _jit(_score_update_gated)
 score_update_flat = _jit(_score_update_flat)
 measure = _jit(_measure)
-class_sum = _jit(_class_sum)
-lowest_idle = _jit(_lowest_idle)
-split_misses = _jit(_split_misses)
-apply_copies = _jit(_apply_copies)
-split_requests = _jit(_split_requests)
+class_sum = _class_sum if ENABLED else None
+lowest_idle = _lowest_idle if ENABLED else None
+split_misses = _split_misses if ENABLED else None
+plan_access = _jit(_plan_access)
 
 _warm = False
 
@@ -323,9 +506,12 @@ def warm_up() -> None:
             np.zeros((2, 10)), 0.98, np.ones((2, 10)), 0.05, np.empty(10))
     class_sum(ids.reshape(-1), np.zeros(2, dtype=np.intp), stab, np.empty(2))
     lowest_idle(np.ones(2, dtype=bool), np.zeros(2, dtype=np.int64), np.zeros(2), 1)
-    one = np.zeros(1, dtype=np.int64)
-    split_requests(np.ones(2, dtype=np.int64), np.ones(2, dtype=bool))
-    apply_copies(np.zeros((2, 2), dtype=bool), one, one[:0], one, np.zeros(2, dtype=np.int64))
     split_misses(np.ones(2, dtype=np.int64), np.zeros(2), np.ones(2, dtype=bool), 1, 0.0, 1.0,
                  0.0, 1.0, 1.0, 1.0, 1.0, np.zeros(2, dtype=bool))
+    for mode in (1, 2):  # one access of a 1-layer, 2-expert, 1-slot cache: a copy and a CPU miss
+        plan_access(0, np.ones(2, dtype=np.int64), np.zeros((1, 2, 2), dtype=bool), np.full((1, 2), -1),
+                    np.zeros((1, 2), dtype=np.int64), np.ones(1, dtype=np.int64), np.full(1, -1), np.zeros(2),
+                    np.ones(2, dtype=bool), False, mode, np.ones(2), ids.reshape(-1), np.zeros(2, dtype=np.intp),
+                    stab, 1, 2, True, 1, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0, np.zeros((9, 2), dtype=np.int64),
+                    np.zeros(9, dtype=np.int64))
     _warm = True

@@ -31,6 +31,8 @@ import numpy as np
 
 from . import kernels
 from .dispatch import Dispatcher
+from .policies.base import NO_FLOATS as _NO_F
+from .policies.base import NO_INTS as _NO_I
 from .policies.base import CachePolicy, as_numpy
 from .stats import CacheStats
 
@@ -71,7 +73,12 @@ def _check_capacities(capacities: list[int], num_layers: int, num_experts: int) 
 
 
 class CacheState:
-    """Residency of every MoE layer's experts in one global pool of ``sum(capacities)`` slots."""
+    """Residency of every MoE layer's experts in one global pool of ``sum(capacities)`` slots.
+
+    State is arrays (per layer and expert: its slot or -1; per layer: a stack of free slots), so
+    that one compiled call (``kernels.plan_access``) can plan an access in place; the Python code
+    below is the reference it is tested against and the path for what it hands back.
+    """
 
     def __init__(self, num_layers: int, num_experts: int, capacities: list[int], expert_bytes: int = 0) -> None:
         self.num_layers = int(num_layers)
@@ -81,20 +88,30 @@ class CacheState:
         self.expert_bytes = int(expert_bytes)
         self.slot_owner = np.repeat(np.arange(self.num_layers), self.capacities)
         self.slot_expert = np.full(self.total_slots, -1, dtype=np.int64)
+        shape = (self.num_layers, self.num_experts)
+        self._slot = np.full(shape, -1, dtype=np.int64)  # slot of each resident expert, -1 if not resident
+        # free slots per layer: a stack (top = index n-1) popped lowest slot id first
+        self._free = np.zeros(shape, dtype=np.int64)
+        self._free_n = np.zeros(self.num_layers, dtype=np.int64)
         starts = np.concatenate(([0], np.cumsum(self.capacities)))
-        # free slots per layer, popped from the end (lowest slot id first)
-        self._free = [list(range(int(starts[l + 1]) - 1, int(starts[l]) - 1, -1)) for l in range(self.num_layers)]
-        self._slot_of: list[dict[int, int]] = [{} for _ in range(self.num_layers)]
+        for l in range(self.num_layers):
+            self._free[l, : self.capacities[l]] = np.arange(starts[l + 1] - 1, starts[l] - 1, -1)
+            self._free_n[l] = self.capacities[l]
         # per layer and expert: [0] resident, [1] copied and not hit since (one array: a copy or an
         # eviction updates both flags in one operation)
         self._flags = np.zeros((self.num_layers, 2, self.num_experts), dtype=bool)
         self._resident, self._unhit = self._flags[:, 0], self._flags[:, 1]
         self.stats = CacheStats(self.num_layers)
+        self._out = np.zeros((9, self.num_experts), dtype=np.int64)  # kernels.plan_access's answer
+        self._info = np.zeros(9, dtype=np.int64)
+        self._all_admitted = np.ones(self.num_experts, dtype=bool)
+        kernels.warm_up()  # compiled (or loaded from numba's cache) now, not in the first forward
 
     # ------------------------------------------------------------------ queries
     def resident(self, layer: int) -> dict[int, int]:
-        """Expert -> slot of the layer's resident experts (a copy)."""
-        return dict(self._slot_of[layer])
+        """Expert -> slot of the layer's resident experts (a copy, in expert order)."""
+        experts = self._resident[layer].nonzero()[0]
+        return dict(zip(experts.tolist(), self._slot[layer, experts].tolist()))
 
     def resident_mask(self, layer: int) -> np.ndarray:
         return self._resident[layer].copy()
@@ -102,9 +119,29 @@ class CacheState:
     def slots_of_layer(self, layer: int) -> list[int]:
         return np.flatnonzero(self.slot_owner == layer).tolist()
 
+    def free_slots(self, layer: int) -> list[int]:
+        """The layer's free slots in the order copies take them."""
+        return self._free[layer, : self._free_n[layer]][::-1].tolist()
+
     def holds_all(self, layer: int) -> bool:
         """Whether every expert of the layer is resident: then any access to it is all hits (O(1))."""
-        return len(self._slot_of[layer]) == self.num_experts
+        return self.capacities[layer] == self.num_experts and not self._free_n[layer]
+
+    def _pop_free(self, layer: int, n: int) -> list[int]:
+        top = int(self._free_n[layer])
+        self._free_n[layer] = top - n
+        return self._free[layer, top - n: top][::-1].tolist()
+
+    def _push_free(self, layer: int, slot: int) -> None:
+        n = int(self._free_n[layer])
+        self._free[layer, n] = slot
+        self._free_n[layer] = n + 1
+
+    def _release(self, layer: int, experts: list[int]) -> list[int]:
+        """The slots of ``experts`` (leaving the layer's slot table)."""
+        slots = self._slot[layer, experts].tolist()
+        self._slot[layer, experts] = -1
+        return slots
 
     # ------------------------------------------------------------------ planning
     def plan(
@@ -129,12 +166,13 @@ class CacheState:
         if counts is None:
             counts = np.bincount(ids.reshape(-1), minlength=self.num_experts)
         if kernels.ENABLED:
-            hits, misses = kernels.split_requests(counts, self._resident[layer])
-        else:
-            req = counts.nonzero()[0]
-            hit_mask = self._resident[layer][req]
-            hits = req[hit_mask]
-            misses = req[~hit_mask]
+            plan = self._plan_compiled(layer, ids.size, counts, policy, dispatcher)
+            if plan is not None:
+                return plan
+        req = counts.nonzero()[0]
+        hit_mask = self._resident[layer][req]
+        hits = req[hit_mask]
+        misses = req[~hit_mask]
         hits_l = hits.tolist()
         n_hits = len(hits_l)
         total_tokens = ids.size  # = counts.sum(): each route is one token of one expert
@@ -143,23 +181,63 @@ class CacheState:
             copies_e, cpu_l, cpu_tokens = self._split_misses(
                 layer, misses, counts, n_hits, total_tokens, policy, dispatcher
             )
-        slot_of_layer = self._slot_of[layer]
-        plan_slots = dict(zip(hits_l, map(slot_of_layer.__getitem__, hits_l)))
+        plan_slots = dict(zip(hits_l, self._slot[layer, hits].tolist()))
         if n_hits:
             self._unhit[layer][hits] = False
         copies = self._place(layer, copies_e, counts, hits_l, policy, plan_slots) if copies_e.size else []
         background = self._background(layer, cpu_l, counts, policy) if cpu_l and policy.background_copies else []
+        self._count(layer, n_hits, int(misses.size), len(copies), len(cpu_l), cpu_tokens, total_tokens)
+        return LayerPlan(hits_l, copies, cpu_l, plan_slots, layer, counts, background)
 
+    def _count(self, layer: int, hits: int, misses: int, copies: int, cpu: int, cpu_tokens: int, tokens: int) -> None:
         st = self.stats
         st.accesses[layer] += 1
-        st.hits[layer] += n_hits
-        st.misses[layer] += int(misses.size)
-        st.copies[layer] += len(copies)
-        st.bytes_copied[layer] += len(copies) * self.expert_bytes
-        st.cpu_experts[layer] += len(cpu_l)
+        st.hits[layer] += hits
+        st.misses[layer] += misses
+        st.copies[layer] += copies
+        st.bytes_copied[layer] += copies * self.expert_bytes
+        st.cpu_experts[layer] += cpu
         st.cpu_expert_tokens[layer] += cpu_tokens
-        st.gpu_expert_tokens[layer] += total_tokens - cpu_tokens  # every routed token runs somewhere
-        return LayerPlan(hits_l, copies, cpu_l, plan_slots, layer, counts, background)
+        st.gpu_expert_tokens[layer] += tokens - cpu_tokens  # every routed token runs somewhere
+
+    def _plan_compiled(
+        self, layer: int, total_tokens: int, counts: np.ndarray, policy: CachePolicy, dispatcher: Dispatcher
+    ) -> LayerPlan | None:
+        """:meth:`plan` as one ``kernels.plan_access`` call (same decisions); None: not handled, nothing changed."""
+        prio = policy.priority_array(layer)
+        if prio.dtype != np.float64:  # exact for the integer clocks and counts policies rank by
+            prio = prio.astype(np.float64)
+        adm = policy.admission(layer)
+        cpu = dispatcher.cpu_enabled
+        mode, row, flat, entry_cls, stab = policy.reuse_inputs(layer) if cpu else (1, _NO_F, _NO_I, _NO_I, _NO_F)
+        cm = dispatcher.cost_model
+        c = (cm.copy_time(), cm.cpu_overhead_s, cm.cpu_expert_fixed_s, cm.cpu_s_per_token, cm.gpu_expert_fixed_s,
+             cm.gpu_s_per_token) if cm is not None and cpu else (0.0,) * 6
+        out, info = self._out, self._info
+        if kernels.plan_access(
+            layer, counts, self._flags, self._slot, self._free, self._free_n, self.slot_expert, prio,
+            self._all_admitted if adm is None else adm, adm is not None, mode, row, flat, entry_cls, stab,
+            self.capacities[layer], total_tokens, cpu, policy.background_copies, policy.background_min_reuse,
+            *c, out, info,
+        ):
+            return None
+        nh, nm, nc, ncpu, cpu_tokens, nbg, nfree, nbg_free, doa = info.tolist()
+        hits = out[0, :nh].tolist()
+        plan_slots = dict(zip(hits, out[1, :nh].tolist()))
+        copied, slots = out[2, :nc].tolist(), out[3, :nc].tolist()
+        victims = out[4, nfree:nc].tolist()
+        plan_slots.update(zip(copied, slots))
+        copies = list(zip(copied, slots, [None] * nfree + victims))
+        background: list[tuple[int, int, int | None]] = []
+        if nbg:
+            bg_victims = out[8, nbg_free:nbg].tolist()
+            victims += bg_victims
+            background = list(zip(out[6, :nbg].tolist(), out[7, :nbg].tolist(), [None] * nbg_free + bg_victims))
+        if victims:
+            self.stats.evictions[layer] += len(victims)
+            self.stats.dead_on_arrival[layer] += doa
+        self._count(layer, nh, nm, nc + nbg, ncpu, cpu_tokens, total_tokens)
+        return LayerPlan(hits, copies, out[5, :ncpu].tolist(), plan_slots, layer, counts, background)
 
     def _background(
         self, layer: int, cpu_l: list[int], counts: np.ndarray, policy: CachePolicy
@@ -173,26 +251,25 @@ class CacheState:
         ranked.sort(key=lambda er: -er[1])  # stable: ties keep miss order (as argsort(-reuse, kind="stable"))
         cand = [e for e, _ in ranked[: policy.background_copies]]
         prio = policy.priority_array(layer)
-        free = self._free[layer]
-        slot_of_layer = self._slot_of[layer]
+        n_free = int(self._free_n[layer])
         victims: list[int] = []
-        if len(cand) > len(free):
-            victims = self._lowest_idle(layer, counts, prio, len(cand) - len(free))
+        if len(cand) > n_free:
+            victims = self._lowest_idle(layer, counts, prio, len(cand) - n_free)
         copies: list[tuple[int, int, int | None]] = []
         evicted_all: list[int] = []
         vi = 0
         for e in cand:
             evicted: int | None = None
-            if free:
-                slot = free.pop()
+            if self._free_n[layer]:
+                slot = self._pop_free(layer, 1)[0]
             elif vi < len(victims) and prio[victims[vi]] < prio[e]:
                 evicted = victims[vi]
                 vi += 1
-                slot = slot_of_layer.pop(evicted)
+                slot = self._release(layer, [evicted])[0]
                 evicted_all.append(evicted)
             else:
                 break
-            slot_of_layer[e] = slot
+            self._slot[layer, e] = slot
             copies.append((e, slot, evicted))
         if copies:
             self._apply_copies(layer, [c[0] for c in copies], copies, evicted_all, streamed=False)
@@ -248,27 +325,23 @@ class CacheState:
     ) -> list[tuple[int, int, int | None]]:
         """Assign slots to the copies (ascending priority) and evict as the module rules say.
 
-        Without streaming (the request fits the layer) this is list and dict operations over all
-        copies at once; only a request larger than the capacity takes the per-copy loop, which
-        keeps a heap of the access's computed experts to stream through their slots.
+        Without streaming (the request fits the layer) this is array operations over all copies at
+        once; only a request larger than the capacity takes the per-copy loop, which keeps a heap
+        of the access's computed experts to stream through their slots.
         """
         prio = policy.priority_array(layer)
         order = copies_e[np.argsort(prio[copies_e], kind="stable")].tolist()  # ids ascending: ties by id
-        free = self._free[layer]
+        n_free = int(self._free_n[layer])
         victims: list[int] = []
-        need = len(order) - len(free)
+        need = len(order) - n_free
         if need > 0:
             victims = self._lowest_idle(layer, counts, prio, need)
-        slot_of_layer = self._slot_of[layer]
         if need <= len(victims):  # the usual case: free slots, then victims; no slot reused
             nf = len(order) - max(need, 0)
-            slots = free[len(free) - nf:][::-1]  # the loop's free.pop() order
-            del free[len(free) - nf:]
             evicted_all = victims[:max(need, 0)]
-            slots += map(slot_of_layer.pop, evicted_all)
-            pairs = dict(zip(order, slots))
-            slot_of_layer.update(pairs)
-            plan_slots.update(pairs)
+            slots = self._pop_free(layer, nf) + self._release(layer, evicted_all)
+            self._slot[layer, order] = slots
+            plan_slots.update(zip(order, slots))
             copies = list(zip(order, slots, [None] * nf + evicted_all))
             self._apply_copies(layer, order, copies, evicted_all, streamed=False)
             return copies
@@ -279,8 +352,8 @@ class CacheState:
         vi = 0
         for e in order:
             evicted: int | None = None
-            if free:
-                slot = free.pop()
+            if self._free_n[layer]:
+                slot = self._pop_free(layer, 1)[0]
             else:
                 if vi < len(victims):
                     evicted = victims[vi]
@@ -291,9 +364,9 @@ class CacheState:
                         computed = [(pl[x], x) for x in hits] + [(pl[x], x) for x, _, _ in copies]
                         heapq.heapify(computed)
                     evicted = heapq.heappop(computed)[1]
-                slot = slot_of_layer.pop(evicted)
+                slot = self._release(layer, [evicted])[0]
                 evicted_all.append(evicted)
-            slot_of_layer[e] = slot
+            self._slot[layer, e] = slot
             plan_slots[e] = slot
             copies.append((e, slot, evicted))
             if computed is not None:
@@ -303,8 +376,6 @@ class CacheState:
 
     def _lowest_idle(self, layer: int, counts: np.ndarray, prio: np.ndarray, n: int) -> list[int]:
         """Eviction order: the ``n`` lowest-priority resident experts this access does not request, ties by id."""
-        if kernels.ENABLED:
-            return kernels.lowest_idle(self._resident[layer], counts, prio, n).tolist()
         cand = (self._resident[layer] & (counts == 0)).nonzero()[0]
         return cand[np.argsort(prio[cand], kind="stable")][:n].tolist()
 
@@ -316,7 +387,7 @@ class CacheState:
         evicted: list[int],
         streamed: bool,
     ) -> None:
-        """Residency flags, slot table and eviction counters after one access's copies, in bulk.
+        """Residency flags, slot owners and eviction counters after one access's copies, in bulk.
 
         Equivalent to updating them copy by copy: a copied expert (``new``, in copy order) ends
         resident and not yet hit unless a later copy of the same access streamed through its slot;
@@ -324,24 +395,20 @@ class CacheState:
         hit since.
         """
         flags = self._flags[layer]
-        if kernels.ENABLED and not streamed:
-            doa = kernels.apply_copies(flags, np.array(new, dtype=np.int64), np.array(evicted, dtype=np.int64),
-                                       np.array([slot for _, slot, _ in copies], dtype=np.int64), self.slot_expert)
+        doa = 0
+        if evicted and streamed:
+            fresh = set(new)
+            doa = sum(1 for x, u in zip(evicted, flags[1][evicted].tolist()) if u or x in fresh)
+        elif evicted:  # victims were resident before this access and are not requested by it
+            doa = int(np.count_nonzero(flags[1][evicted]))
+        flags[:, new] = True
+        if evicted:
+            flags[:, evicted] = False
+        if streamed:  # a slot may take several experts in turn: the last one stays
+            for e, slot, _ in copies:
+                self.slot_expert[slot] = e
         else:
-            doa = 0
-            if evicted and streamed:
-                fresh = set(new)
-                doa = sum(1 for x, u in zip(evicted, flags[1][evicted].tolist()) if u or x in fresh)
-            elif evicted:  # victims were resident before this access and are not requested by it
-                doa = int(np.count_nonzero(flags[1][evicted]))
-            flags[:, new] = True
-            if evicted:
-                flags[:, evicted] = False
-            if streamed:  # a slot may take several experts in turn: the last one stays
-                for e, slot, _ in copies:
-                    self.slot_expert[slot] = e
-            else:
-                self.slot_expert[[slot for _, slot, _ in copies]] = new
+            self.slot_expert[[slot for _, slot, _ in copies]] = new
         if evicted:
             st = self.stats
             st.evictions[layer] += len(evicted)
@@ -362,8 +429,8 @@ class CacheState:
         new = want[~resident[want]].tolist()
         if not new:
             return []
-        free = self._free[layer]
-        need = len(new) - len(free)
+        n_free = int(self._free_n[layer])
+        need = len(new) - n_free
         victims: list[int] = []
         if need > 0:
             protect = np.zeros(self.num_experts, dtype=bool)
@@ -371,21 +438,13 @@ class CacheState:
             cand = (resident & ~protect).nonzero()[0]
             prio = policy.priority_array(layer)
             victims = cand[np.argsort(prio[cand], kind="stable")][:need].tolist()
-            new = new[: len(free) + len(victims)]
-        slot_of_layer = self._slot_of[layer]
-        copies: list[tuple[int, int, int | None]] = []
-        vi = 0
-        for e in new:
-            evicted: int | None = None
-            if free:
-                slot = free.pop()
-            else:
-                evicted = victims[vi]
-                vi += 1
-                slot = slot_of_layer.pop(evicted)
-            slot_of_layer[e] = slot
-            copies.append((e, slot, evicted))
-        self._apply_copies(layer, new, copies, victims[:vi], streamed=False)
+            new = new[: n_free + len(victims)]
+        nf = min(len(new), n_free)
+        evicted = victims[: len(new) - nf]
+        slots = self._pop_free(layer, nf) + self._release(layer, evicted)
+        self._slot[layer, new] = slots
+        copies = list(zip(new, slots, [None] * nf + evicted))
+        self._apply_copies(layer, new, copies, evicted, streamed=False)
         st = self.stats
         st.copies[layer] += len(copies)
         st.bytes_copied[layer] += len(copies) * self.expert_bytes
@@ -412,15 +471,14 @@ class CacheState:
         released: list[SlotMove] = []
         for l, (old, cap) in enumerate(zip(self.capacities, caps)):
             give = old - cap
-            free = self._free[l]
-            while give > 0 and free:
-                released.append(SlotMove(l, free.pop(), -1))
-                give -= 1
+            n = min(give, int(self._free_n[l])) if give > 0 else 0
+            released += [SlotMove(l, slot, -1) for slot in self._pop_free(l, n)]
+            give -= n
             if give > 0:
-                resident = np.fromiter(self._slot_of[l].keys(), dtype=np.int64)
+                resident = self._resident[l].nonzero()[0]
                 prio = policy.priority_array(l) if policy is not None else np.zeros(self.num_experts)
                 for e in resident[np.lexsort((resident, prio[resident]))][:give].tolist():
-                    slot = self._slot_of[l].pop(e)
+                    slot = self._release(l, [e])[0]
                     self._evict(l, e)
                     self.stats.rebalance_evictions[l] += 1
                     self.slot_expert[slot] = -1
@@ -430,7 +488,7 @@ class CacheState:
             for _ in range(cap - old):
                 slot = next(it).slot
                 self.slot_owner[slot] = l
-                self._free[l].append(slot)
+                self._push_free(l, slot)
         self.capacities = caps
         if policy is not None:
             policy.set_capacities(self.capacities)
@@ -447,16 +505,16 @@ class CacheState:
         """
         dropped = []
         for layer in range(self.num_layers):
-            slot_of = self._slot_of[layer]
-            stale = [e for e, s in slot_of.items() if tuple(slot_tags[s].tolist()) != (layer, e)]
+            stale = [e for e, s in self.resident(layer).items() if tuple(slot_tags[s].tolist()) != (layer, e)]
             for e in stale:
-                slot = slot_of.pop(e)
+                slot = self._release(layer, [e])[0]
                 self._resident[layer, e] = self._unhit[layer, e] = False
                 self.slot_expert[slot] = -1
-                self._free[layer].append(slot)
+                self._push_free(layer, slot)
                 dropped.append((layer, e))
-            if stale:
-                self._free[layer].sort(reverse=True)  # lowest slot id is popped first, as at start
+            if stale:  # lowest slot id is popped first, as at start
+                n = int(self._free_n[layer])
+                self._free[layer, :n] = np.sort(self._free[layer, :n])[::-1]
         return dropped
 
     def check_invariants(self, slot_tags: np.ndarray | None = None) -> None:
@@ -468,19 +526,21 @@ class CacheState:
         seen: set[int] = set()
         for l in range(self.num_layers):
             owned = set(np.flatnonzero(self.slot_owner == l).tolist())
-            used = set(self._slot_of[l].values())
-            free = set(self._free[l])
-            assert len(self._slot_of[l]) <= self.capacities[l], f"layer {l} holds more than its capacity"
+            slot_of = {e: s for e, s in enumerate(self._slot[l].tolist()) if s >= 0}
+            used = set(slot_of.values())
+            free = set(self._free[l, : self._free_n[l]].tolist())
+            assert len(slot_of) <= self.capacities[l], f"layer {l} holds more than its capacity"
             assert len(owned) == self.capacities[l], f"layer {l} owns {len(owned)} slots, capacity {self.capacities[l]}"
             assert used | free == owned and not used & free, f"layer {l}: slot lists disagree with ownership"
-            assert len(used) == len(self._slot_of[l]), f"layer {l}: two experts share a slot"
+            assert len(free) == self._free_n[l], f"layer {l}: a slot is free twice"
+            assert len(used) == len(slot_of), f"layer {l}: two experts share a slot"
             assert not owned & seen, f"layer {l} shares slots with another layer"
             seen |= owned
-            for e, s in self._slot_of[l].items():
+            for e, s in slot_of.items():
                 assert self.slot_expert[s] == e and self._resident[l, e], f"layer {l}: expert {e} slot mismatch"
                 if slot_tags is not None:
                     tag = tuple(slot_tags[s].tolist())
                     held = "no complete expert" if tag[0] < 0 else f"layer {tag[0]} expert {tag[1]}"
                     assert tag == (l, e), f"layer {l}: slot {s} is recorded as expert {e} but holds {held}"
-            assert int(self._resident[l].sum()) == len(self._slot_of[l]), f"layer {l}: residency mask mismatch"
+            assert int(self._resident[l].sum()) == len(slot_of), f"layer {l}: residency mask mismatch"
         assert sum(self.capacities) == self.total_slots == len(seen), "slot pool size changed"

@@ -14,6 +14,7 @@ from oled_hf.offload.policies.oled import OledPolicy
 from .test_plan_checksum import REFERENCE, REUSE_REFERENCE, _trace, plan_digest
 
 numba = pytest.importorskip("numba")
+pytestmark = pytest.mark.skipif(not kernels.ENABLED, reason="kernels disabled (OLED_HF_KERNELS=numpy)")
 
 
 def test_pairwise_sum_is_numpys_row_sum():
@@ -108,14 +109,16 @@ def test_split_misses_matches_the_python_rule():
     cm = CostModel.h200_pcie5(2048, 512)
     copy_t = cm.copy_time()
     rng = np.random.default_rng(2)
-    for trial in range(400):
-        m = int(rng.integers(1, 40))
+    for trial in range(500):
+        m = int(rng.integers(1, 40)) if trial < 400 else int(rng.integers(40, kernels.MAX_ROW + 1))
         tokens = rng.integers(1, 40, m)
         reuse = np.where(rng.random(m) < 0.3, 0.0, rng.random(m) * 4)  # ties at 0
         admitted = None if trial % 3 else rng.random(m) < 0.7
         room = int(rng.integers(-2, m + 2))
         g0 = float(rng.random() * 1e-4)
         want = Dispatcher._split_small(cm, copy_t, g0, tokens.tolist(), reuse.tolist(), admitted, room)
+        if m >= Dispatcher.small:  # the compiled planner splits up to MAX_ROW misses: NumPy's rule there
+            want = Dispatcher._split_numpy(cm, copy_t, g0, tokens, reuse, admitted, room).tolist()
         take = np.empty(m, dtype=bool)
         adm = np.ones(m, dtype=bool) if admitted is None else admitted
         assert kernels.split_misses(tokens, reuse, adm, room, g0, copy_t, cm.cpu_overhead_s, cm.cpu_expert_fixed_s,
@@ -134,12 +137,17 @@ def test_pairwise_f64_is_numpys_sum():
             assert kernels._pairwise(a, n) == np.add.reduce(a), n
 
 
-def test_split_requests_matches_numpy():
-    rng = np.random.default_rng(4)
-    for _ in range(200):
-        e = int(rng.integers(1, 300))
-        counts = np.where(rng.random(e) < 0.3, rng.integers(1, 9, e), 0)
-        resident = rng.random(e) < 0.5
-        req = counts.nonzero()[0]
-        hits, misses = kernels.split_requests(counts, resident)
-        assert hits.tolist() == req[resident[req]].tolist() and misses.tolist() == req[~resident[req]].tolist()
+@pytest.mark.parametrize("case", [("e64", "oled", 6, "auto"), ("e256", "oled", 40, "auto"),
+                                  ("e48k6", "static", 5, "on"), ("e64", "lru", 26, "off")],
+                         ids=lambda c: "-".join(map(str, c)))
+def test_compiled_plan_handles_every_access(monkeypatch, case):
+    """The whole access runs as one compiled call (streamed requests and reuse copies included), so
+    the speed of ``eval/planner_speed.py`` is the compiled path's, not the Python fallback's."""
+    from oled_hf.offload.planner import CacheState
+
+    handled = []
+    compiled = CacheState._plan_compiled
+    monkeypatch.setattr(CacheState, "_plan_compiled", lambda self, *a: handled.append(p := compiled(self, *a)) or p)
+    t, p, c, cpu = case
+    plan_digest(_trace(t), p, c, cpu, oled_background_copies=2)
+    assert handled and all(x is not None for x in handled)

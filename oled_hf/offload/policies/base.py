@@ -24,8 +24,10 @@ import torch
 
 from oled_hf.modeling.events import IterationObserver
 
+from ..kernels import MAX_REUSE  # the compiled planner applies the same cap
+
 _REGISTRY: dict[str, type[CachePolicy]] = {}
-MAX_REUSE = 32.0
+NO_INTS, NO_FLOATS = np.zeros(0, dtype=np.int64), np.zeros(0)  # unused arguments of reuse_inputs
 
 
 def as_numpy(x: Any) -> np.ndarray:
@@ -130,6 +132,15 @@ class CachePolicy(IterationObserver):
         if type(self).reuse_array is not CachePolicy.reuse_array:  # a subclass defines reuse
             return self.reuse_array(layer)[experts]
         return geometric_reuse(self._usage[layer][experts])
+
+    def reuse_inputs(self, layer: int) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """What the compiled planner (``kernels.plan_access``) needs for this layer's reuse predictions.
+
+        ``(1, reuse row, -, -, -)``: :meth:`reuse_array` (the same values :meth:`reuse_of` gives);
+        OLED answers ``(2, -, route ids, class per route, stability per class)`` so that only an
+        access that dispatches misses computes its rule.
+        """
+        return 1, np.asarray(self.reuse_array(layer), dtype=np.float64), NO_INTS, NO_INTS, NO_FLOATS
 
     def admission(self, layer: int) -> np.ndarray | None:
         """Bool [num_experts]: experts a miss may copy into a slot; None = all admitted."""

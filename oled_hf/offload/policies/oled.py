@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from .. import kernels
-from .base import MAX_REUSE, CachePolicy, as_numpy, register
+from .base import MAX_REUSE, NO_FLOATS, NO_INTS, CachePolicy, as_numpy, register
 
 STABLE, DECODED, COMMITTED, CONFIDENT, UNSURE, FRESH, EDITED = 0, 1, 2, 3, 4, 8, 9  # UNSURE..UNSURE+3 = bins
 N_BINS = 4
@@ -331,6 +331,13 @@ class OledPolicy(CachePolicy):
         if pending is None:
             return self._reuse[layer][experts]
         return _reuse_from(self._log_miss(pending)[experts])  # element-wise: same values as the full array
+
+    def reuse_inputs(self, layer: int) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        pending = self._reuse_inputs[layer]
+        if pending is None:
+            return 1, self._reuse[layer], NO_INTS, NO_INTS, NO_FLOATS
+        flat, stab, entry_cls = pending
+        return 2, NO_FLOATS, np.ascontiguousarray(flat, dtype=np.int64), entry_cls, stab
 
     def _log_miss(self, pending: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
         """Per expert, the sum over its routes of log(1 - s_row) (s capped at 0.99)."""
