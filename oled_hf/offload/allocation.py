@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import kernels
+
 
 def uniform_capacities(total: int, num_layers: int, num_experts: int) -> list[int]:
     """``total`` slots split as evenly as possible; earlier layers take the remainder."""
@@ -71,6 +73,87 @@ def _antitonic(gains: np.ndarray) -> np.ndarray:
     return np.repeat(values, weights)
 
 
+def _antitonic_pav(gains: np.ndarray) -> np.ndarray:
+    """:func:`_antitonic` as the plain pool-adjacent-violators loop (the same pooled floats), compiled."""
+    n = gains.shape[0]
+    values = np.empty(n)
+    weights = np.empty(n, dtype=np.int64)
+    top = 0
+    for i in range(n):
+        v = gains[i]
+        w = 1
+        while top > 0 and values[top - 1] < v:
+            top -= 1
+            pw = weights[top]
+            w_new = pw + w
+            v = (values[top] * pw + v * w) / w_new
+            w = w_new
+        values[top] = v
+        weights[top] = w
+        top += 1
+    return np.repeat(values[:top], weights[:top])
+
+
+def _fold_counts(counts: np.ndarray, recency: np.ndarray, hist: np.ndarray, id_bits: int) -> None:
+    """:meth:`AdaptiveAllocator._fold` as an LRU stack walked access by access, compiled.
+
+    ``counts`` is ``[n, E]`` (the stored accesses), ``recency`` the codes before them (replaced by
+    the dense codes after them), ``hist`` the layer's histogram (one row added per access, in
+    order, as the vectorised fold does). The stack lists experts most recent first, so an expert's
+    index is its stack distance; an access moves its experts to the top in decreasing (count, id),
+    the order their codes would have. No code is formed, so none can overflow; the same rows result.
+    """
+    n, E = counts.shape
+    P = np.int64(1) << id_bits
+    stack = np.argsort(recency)[::-1].copy()  # codes are distinct: most recent first
+    seen = recency >= 0
+    row = np.empty(E + 1)
+    rest = np.empty(E, dtype=np.int64)
+    for a in range(n):
+        row[:] = 0.0
+        first = 0
+        n_req = 0
+        n_rest = 0
+        for d in range(E):
+            e = stack[d]
+            if counts[a, e] > 0:
+                if seen[e]:
+                    row[d] = 1.0
+                else:
+                    first += 1
+                n_req += 1
+            else:
+                rest[n_rest] = e
+                n_rest += 1
+        row[E] = first
+        for i in range(E + 1):
+            hist[i] = hist[i] + row[i]
+        if n_req == 0:
+            continue
+        req = np.empty(n_req, dtype=np.int64)
+        keys = np.empty(n_req, dtype=np.int64)
+        k = 0
+        for e in range(E):
+            if counts[a, e] > 0:
+                req[k] = e
+                keys[k] = -(counts[a, e] * P + e)
+                seen[e] = True
+                k += 1
+        stack[:n_req] = req[np.argsort(keys)]
+        stack[n_req:] = rest[:n_rest]
+    n_seen = 0
+    for e in range(E):
+        if seen[e]:
+            n_seen += 1
+    for d in range(E):
+        e = stack[d]
+        recency[e] = (n_seen - 1 - d) * P + e if d < n_seen else e - P
+
+
+antitonic_pav = kernels.jit(_antitonic_pav)
+fold_counts = kernels.jit(_fold_counts)
+
+
 def allocate_capacities(
     total_slots: int,
     num_layers: int,
@@ -103,7 +186,8 @@ def allocate_capacities(
         # proportional split with caps: water-fill a concave gain with equal steps per layer
         gains = w[:, None] / (np.arange(per_layer)[None, :] + 1.0)
     elif d.ndim == 2 and d.shape == (num_layers, num_experts):
-        gains = np.stack([_antitonic(np.maximum(d[l, min_slots:], 0.0)) for l in range(num_layers)])
+        pav = antitonic_pav if kernels.ENABLED else _antitonic
+        gains = np.stack([pav(np.maximum(d[l, min_slots:], 0.0)) for l in range(num_layers)])
         if uniform_bias > 0 and per_layer > 0:
             share = total_slots / num_layers - min_slots  # even share, in extra slots
             at_share = gains[:, min(max(int(share), 0), per_layer - 1)]
@@ -198,6 +282,9 @@ class AdaptiveAllocator:
         n, E = self._n_pending[layer], self.num_experts
         counts = self._pending[layer, :n].astype(np.int64)
         self._n_pending[layer] = 0
+        if kernels.ENABLED:
+            fold_counts(counts, self._recency[layer], self._hist[layer], self._id_bits)
+            return
         P, mask = 1 << self._id_bits, (1 << self._id_bits) - 1
         req = counts > 0
         cb = int(counts.max()) + 1

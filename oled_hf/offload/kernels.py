@@ -28,7 +28,8 @@ MAX_ROW = 128  # routes per row the gated update handles (NumPy's pairwise sum r
 MAX_REUSE = 32.0  # cap of a predicted reuse (policies.base re-exports it)
 
 
-def _jit(fn):
+def jit(fn):
+    """``fn`` compiled (numba, cached on disk) where the kernels are enabled, else None."""
     return numba.njit(cache=True, nogil=True)(fn) if ENABLED else None
 
 
@@ -476,13 +477,13 @@ if ENABLED:  # compiled first: the kernels below call them
     _apply_copies = numba.njit(cache=True, nogil=True)(_apply_copies)
     _reuse_at = numba.njit(cache=True, nogil=True)(_reuse_at)
     _log_miss = numba.njit(cache=True, nogil=True)(_log_miss)
-score_update_gated = _jit(_score_update_gated)
-score_update_flat = _jit(_score_update_flat)
-measure = _jit(_measure)
+score_update_gated = jit(_score_update_gated)
+score_update_flat = jit(_score_update_flat)
+measure = jit(_measure)
 class_sum = _class_sum if ENABLED else None
 lowest_idle = _lowest_idle if ENABLED else None
 split_misses = _split_misses if ENABLED else None
-plan_access = _jit(_plan_access)
+plan_access = jit(_plan_access)
 
 _warm = False
 

@@ -3,7 +3,14 @@
 import numpy as np
 import pytest
 
-from oled_hf.offload.allocation import AdaptiveAllocator, allocate_capacities, uniform_capacities
+from oled_hf.offload import kernels
+from oled_hf.offload.allocation import (
+    AdaptiveAllocator,
+    _antitonic,
+    allocate_capacities,
+    antitonic_pav,
+    uniform_capacities,
+)
 from oled_hf.sim.replay import replay
 from oled_hf.sim.synthetic import synthetic_trace
 
@@ -90,9 +97,14 @@ class _PerAccessHistogram:
         self.accesses[layer] += 1
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["kernels", "numpy"])
 @pytest.mark.parametrize("E, max_pending", [(16, 3), (64, 32), (256, 7), (100, 32)])
-def test_batched_histogram_equals_per_access_updates(E, max_pending):
-    """Folding stored accesses in batches (any batch size, any time) gives the bit-identical histogram."""
+def test_batched_histogram_equals_per_access_updates(monkeypatch, E, max_pending, compiled):
+    """Folding stored accesses in batches (any batch size, any time) gives the bit-identical histogram,
+    compiled (``allocation.fold_counts``) or vectorised in NumPy."""
+    if compiled and not kernels.ENABLED:
+        pytest.skip("kernels disabled")
+    monkeypatch.setattr(kernels, "ENABLED", compiled)
     L = 3
     rng = np.random.default_rng(E)
     batched = type("Batched", (AdaptiveAllocator,), {"max_pending": max_pending})
@@ -110,3 +122,14 @@ def test_batched_histogram_equals_per_access_updates(E, max_pending):
             alloc.hist *= 0.8
             ref.hist *= 0.8
     assert np.array_equal(alloc.hist, ref.hist)
+
+
+@pytest.mark.skipif(not kernels.ENABLED, reason="kernels disabled (numba missing or OLED_HF_KERNELS=numpy)")
+def test_compiled_antitonic_fit_is_the_python_one_bit_for_bit():
+    rng = np.random.default_rng(5)
+    for trial in range(300):
+        n = int(rng.integers(1, 300))
+        gains = rng.integers(0, 6, n).astype(np.float64) * rng.choice([0.8, 1.0, 0.64])  # plateaus and ties
+        if trial % 2:
+            gains = np.sort(gains)[::-1] + rng.random(n) * 0.1  # mostly decreasing, small violations
+        assert np.array_equal(antitonic_pav(gains), _antitonic(gains)), trial
