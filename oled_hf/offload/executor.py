@@ -62,12 +62,11 @@ class Wave:
 def plan_waves(plan: LayerPlan) -> list[Wave]:
     """Hits first, then the copies in plan order, a new wave whenever a copy reuses a slot of the current one."""
     waves = []
-    if plan.hits:
-        hits = np.asarray(plan.hits, dtype=np.int64)
-        waves.append(Wave(hits, np.fromiter(map(plan.slot_of.__getitem__, plan.hits), np.int64, len(hits)), False))
-    if plan.copies:
-        experts = np.fromiter((c[0] for c in plan.copies), np.int64, len(plan.copies))
-        slots = np.fromiter((c[1] for c in plan.copies), np.int64, len(plan.copies))
+    hits, hit_slots = plan.hit_arrays()
+    if hits.size:
+        waves.append(Wave(hits, hit_slots, False))
+    experts, slots = plan.copy_arrays()
+    if experts.size:
         if np.unique(slots).size == slots.size:  # the usual case: every copy has its own slot
             waves.append(Wave(experts, slots, True))
         else:  # the request exceeds the layer's capacity: slots are reused within this access

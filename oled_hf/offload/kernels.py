@@ -151,6 +151,22 @@ def _measure(ids, prev_ids, prev_cls, prev_entry_cls, prev_counts, pow2, calib, 
         stab_out[c] = s
 
 
+def _oled_update(ids, gates, gate_mode, cls, entry_cls, prev_ids, prev_cls, prev_entry_cls, prev_counts,
+                 measure_it, keep, calib, calib_decay, pseudo, min_stability, stab, score, decay, acc):
+    """One OLED access in one call: calibrate from the previous forward (``measure_it``), keep
+    this access's ids in ``keep`` for the next one, then the score update (``gate_mode``: 0 no
+    gates, 1 sqrt of the gates, 2 the gates)."""
+    rows, k = ids.shape
+    if measure_it:
+        measure(ids, prev_ids, prev_cls, prev_entry_cls, prev_counts, k & (k - 1) == 0, calib, calib_decay,
+                pseudo, min_stability, stab)
+    keep[:, :] = ids
+    if gate_mode == 0:
+        score_update_flat(ids, entry_cls, stab, score, decay, acc)
+    else:
+        score_update_gated(ids, gates, cls, stab, gate_mode == 1, score, decay, acc)
+
+
 def _class_sum(flat, entry_cls, per_class, out):
     """``bincount(flat, weights=per_class[entry_cls])`` into ``out`` (OLED's log-miss per expert)."""
     out[:] = 0.0
@@ -480,6 +496,7 @@ if ENABLED:  # compiled first: the kernels below call them
 score_update_gated = jit(_score_update_gated)
 score_update_flat = jit(_score_update_flat)
 measure = jit(_measure)
+oled_update = jit(_oled_update)
 class_sum = _class_sum if ENABLED else None
 lowest_idle = _lowest_idle if ENABLED else None
 split_misses = _split_misses if ENABLED else None
@@ -505,6 +522,10 @@ def warm_up() -> None:
     score_update_flat(ids, np.zeros(2, dtype=np.intp), stab, score, 0.5, acc)
     measure(ids, ids, cls, np.zeros(2, dtype=np.intp), np.zeros(10, dtype=np.int64), True,
             np.zeros((2, 10)), 0.98, np.ones((2, 10)), 0.05, np.empty(10))
+    for gate_mode in (0, 1):
+        oled_update(ids, np.ones((1, 2), dtype=np.float32), gate_mode, cls, np.zeros(2, dtype=np.intp), ids, cls,
+                    np.zeros(2, dtype=np.intp), np.zeros(10, dtype=np.int64), True, ids.copy(), np.zeros((2, 10)),
+                    0.98, np.ones((2, 10)), 0.05, np.empty(10), score, 0.5, acc)
     class_sum(ids.reshape(-1), np.zeros(2, dtype=np.intp), stab, np.empty(2))
     lowest_idle(np.ones(2, dtype=bool), np.zeros(2, dtype=np.int64), np.zeros(2), 1)
     split_misses(np.ones(2, dtype=np.int64), np.zeros(2), np.ones(2, dtype=bool), 1, 0.0, 1.0,

@@ -120,7 +120,7 @@ class OledPolicy(CachePolicy):
         self._prev: list[tuple[np.ndarray, tuple[int, ...], np.ndarray, np.ndarray | None, np.ndarray] | None]
         self._prev = [None] * self.num_layers
         # per layer, the calibrated stability per class (a new array whenever the calibration moves)
-        self._stab = [self.stability(l) for l in range(self.num_layers)]
+        self._stab = np.stack([self.stability(l) for l in range(self.num_layers)])
         # per layer, what the lazy reuse needs: (flat route ids, stability per class, class per route)
         self._reuse_inputs: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None] = [None] * self.num_layers
         self._row_keys: dict[tuple[int, int], np.ndarray] = {}  # (rows, k) -> row*E per route
@@ -130,6 +130,8 @@ class OledPolicy(CachePolicy):
         if self._compiled:
             kernels.warm_up()
         self._acc = np.empty(self.num_experts)  # the compiled update's scratch
+        self._kept: list[np.ndarray | None] = [None] * self.num_layers  # id buffers of the compiled update
+        self._no_counts, self._no_gates = np.zeros(N_CLASSES, dtype=np.int64), np.zeros((1, 1), dtype=np.float32)
 
     @classmethod
     def from_config(cls, num_layers: int, num_experts: int, config: Any) -> OledPolicy:
@@ -242,28 +244,34 @@ class OledPolicy(CachePolicy):
 
     def _update_compiled(self, layer: int, ids: np.ndarray, weights: Any, cls: np.ndarray,
                          cls_counts: np.ndarray | None, entry_cls: np.ndarray) -> None:
-        """:meth:`_update_numpy` through ``kernels`` (same operations, same floats; one call each)."""
-        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        """:meth:`_update_numpy` as one ``kernels.oled_update`` call (same operations, same floats)."""
         rows, k = ids.shape
-        if self.calibrate:
-            prev = self._prev[layer]
-            if prev is not None and prev[1] == ids.shape:
-                prev_ids, _, prev_cls, prev_counts, prev_entry_cls = prev
-                if prev_counts is None:
-                    prev_counts = np.bincount(prev_cls, minlength=N_CLASSES)
-                stab = np.empty(N_CLASSES)
-                kernels.measure(ids, prev_ids, prev_cls, prev_entry_cls, prev_counts, k & (k - 1) == 0,
-                                self._calib[layer], self.calibration_decay, self._pseudo, self.min_stability, stab)
-                self._stab[layer] = stab
-            self._prev[layer] = (ids.copy(), ids.shape, cls, cls_counts, entry_cls)
-        stab = self._stab[layer]
-        if weights is None or self.gate_power == 0.0:
-            kernels.score_update_flat(ids, entry_cls, stab, self._score[layer], self.decay, self._acc)
+        keep = self._kept[layer]
+        if keep is None or keep.shape != ids.shape:  # this access's ids, kept for the next one's calibration
+            keep = self._kept[layer] = np.empty(ids.shape, dtype=np.int64)
+        prev = self._prev[layer]
+        measure_it = self.calibrate and prev is not None and prev[1] == ids.shape
+        if measure_it:
+            prev_ids, _, prev_cls, prev_counts, prev_entry_cls = prev
+            if prev_counts is None:
+                prev_counts = np.bincount(prev_cls, minlength=N_CLASSES)
         else:
-            gates = np.ascontiguousarray(as_numpy(weights).reshape(rows, k), dtype=np.float32)
-            kernels.score_update_gated(ids, gates, cls, stab, self.gate_power == 0.5, self._score[layer],
-                                       self.decay, self._acc)
-        self._reuse_inputs[layer] = (ids.reshape(-1), stab, entry_cls)
+            prev_ids, prev_cls, prev_counts, prev_entry_cls = keep, cls, self._no_counts, entry_cls
+        gate_mode = 0 if weights is None or self.gate_power == 0.0 else 1 if self.gate_power == 0.5 else 2
+        gates = self._no_gates if gate_mode == 0 else as_numpy(weights).reshape(rows, k)
+        if gates.dtype != np.float32 or not gates.flags.c_contiguous:
+            gates = np.ascontiguousarray(gates, dtype=np.float32)
+        if ids.dtype != np.int64 or not ids.flags.c_contiguous:
+            ids = np.ascontiguousarray(ids, dtype=np.int64)
+        stab = self._stab[layer]
+        kernels.oled_update(ids, gates, gate_mode, cls, entry_cls, prev_ids, prev_cls, prev_entry_cls, prev_counts,
+                            measure_it, keep, self._calib[layer], self.calibration_decay, self._pseudo,
+                            self.min_stability, stab, self._score[layer], self.decay, self._acc)
+        if self.calibrate:
+            # a previous buffer of the same shape is ``keep`` itself: swap so the next access reads this one
+            self._kept[layer] = prev_ids if measure_it and prev_ids is not keep else None
+            self._prev[layer] = (keep, ids.shape, cls, cls_counts, entry_cls)
+        self._reuse_inputs[layer] = (keep.reshape(-1), stab, entry_cls)
 
     def _all_stable(self, rows: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Class per row and per route for rows without an event (all STABLE); cached, read-only."""
