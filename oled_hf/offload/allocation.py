@@ -127,7 +127,8 @@ def _fold_counts(counts: np.ndarray, recency: np.ndarray, hist: np.ndarray, id_b
                 n_rest += 1
         row[E] = first
         for i in range(E + 1):
-            hist[i] = hist[i] + row[i]
+            if row[i]:  # x + 0.0 == x: the histogram holds no -0.0 (sums of counts, decayed by a factor)
+                hist[i] = hist[i] + row[i]
         if n_req == 0:
             continue
         req = np.empty(n_req, dtype=np.int64)

@@ -178,27 +178,29 @@ def _lowest_idle(resident, counts, prio, n):
     """The ``n`` lowest-priority resident experts not requested now (``counts == 0``), ties by id.
 
     The planner's eviction order: ``cand[argsort(prio[cand], kind="stable")][:n]`` with ``cand``
-    the resident idle experts in id order.
+    the resident idle experts in id order, kept as a sorted buffer of ``n`` (a strict comparison
+    keeps the lower id first among equal priorities, as the stable sort does).
     """
-    m = 0
+    out = np.empty(max(n, 0), dtype=np.int64)
+    keys = np.empty(max(n, 0))
+    size = 0
     for e in range(resident.shape[0]):
         if resident[e] and counts[e] == 0:
-            m += 1
-    cand = np.empty(m, dtype=np.int64)
-    m = 0
-    for e in range(resident.shape[0]):
-        if resident[e] and counts[e] == 0:
-            cand[m] = e
-            m += 1
-    keys = np.empty(m)
-    for i in range(m):
-        keys[i] = prio[cand[i]]
-    order = np.argsort(keys, kind="mergesort")
-    n = min(n, m)
-    out = np.empty(n, dtype=np.int64)
-    for i in range(n):
-        out[i] = cand[order[i]]
-    return out
+            p = prio[e]
+            if size < n:
+                j = size
+                size += 1
+            elif n > 0 and p < keys[n - 1]:
+                j = n - 1
+            else:
+                continue
+            while j > 0 and keys[j - 1] > p:
+                keys[j] = keys[j - 1]
+                out[j] = out[j - 1]
+                j -= 1
+            keys[j] = p
+            out[j] = e
+    return out[:size]
 
 
 def _split_misses(tokens, reuse, admitted, room, g0, copy_t, ov, cf, cs, gf, gs, take):

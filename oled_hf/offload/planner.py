@@ -35,6 +35,8 @@ from .policies.base import NO_INTS as _NO_I
 from .policies.base import CachePolicy, as_numpy
 from .stats import CacheStats
 
+_NO_REUSE = (1, _NO_F, _NO_I, _NO_I, _NO_F)  # reuse_inputs where no miss goes to the CPU
+
 Copies = list[tuple[int, int, int | None]]  # (expert, slot, evicted_expert_or_None), execution order
 
 
@@ -279,17 +281,14 @@ class CacheState:
         if prio.dtype != np.float64:  # exact for the integer clocks and counts policies rank by
             prio = prio.astype(np.float64)
         adm = policy.admission(layer)
-        cpu = dispatcher.cpu_enabled
-        mode, row, flat, entry_cls, stab = policy.reuse_inputs(layer) if cpu else (1, _NO_F, _NO_I, _NO_I, _NO_F)
-        cm = dispatcher.cost_model
-        c = (cm.copy_time(), cm.cpu_overhead_s, cm.cpu_expert_fixed_s, cm.cpu_s_per_token, cm.gpu_expert_fixed_s,
-             cm.gpu_s_per_token) if cm is not None and cpu else (0.0,) * 6
+        cpu = dispatcher.cpu_compute != "off"
+        mode, row, flat, entry_cls, stab = policy.reuse_inputs(layer) if cpu else _NO_REUSE
         out, info = self._out, self._info
         if kernels.plan_access(
             layer, counts, self._flags, self._slot, self._free, self._free_n, self.slot_expert, prio,
             self._all_admitted if adm is None else adm, adm is not None, mode, row, flat, entry_cls, stab,
             self.capacities[layer], total_tokens, cpu, policy.background_copies, policy.background_min_reuse,
-            *c, out, info,
+            *dispatcher.kernel_costs(), out, info,
         ):
             return None
         nh, nm, nc, ncpu, cpu_tokens, nbg, nfree, nbg_free, doa = info.tolist()

@@ -345,7 +345,9 @@ class OledPolicy(CachePolicy):
         if pending is None:
             return 1, self._reuse[layer], NO_INTS, NO_INTS, NO_FLOATS
         flat, stab, entry_cls = pending
-        return 2, NO_FLOATS, np.ascontiguousarray(flat, dtype=np.int64), entry_cls, stab
+        if flat.dtype != np.int64 or not flat.flags.c_contiguous:  # (the NumPy update keeps the caller's ids)
+            flat = np.ascontiguousarray(flat, dtype=np.int64)
+        return 2, NO_FLOATS, flat, entry_cls, stab
 
     def _log_miss(self, pending: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
         """Per expert, the sum over its routes of log(1 - s_row) (s capped at 0.99)."""
