@@ -238,7 +238,7 @@ class AdaptiveAllocator:
         self._id_bits = max(int(num_experts - 1).bit_length(), 1)  # codes keep the expert id in low bits
         # recency code of each expert's last request, see _fold (never requested: negative)
         self._recency = np.tile(self._ids - (1 << self._id_bits), (num_layers, 1))
-        self._accesses = np.zeros(num_layers, dtype=np.int64)
+        self._accesses = [0] * num_layers  # a list: one increment per access, ~10x cheaper than NumPy's
         # token counts of the accesses not yet folded into the histogram, per layer (rows 0..n-1)
         self._pending = np.zeros((num_layers, self.max_pending, num_experts), dtype=np.int32)
         self._n_pending = [0] * num_layers
@@ -324,7 +324,7 @@ class AdaptiveAllocator:
 
     def propose(self, current: list[int]) -> list[int] | None:
         """New capacities for a block boundary, or None to keep ``current``."""
-        if self._accesses.min() < self.warmup_accesses:
+        if min(self._accesses) < self.warmup_accesses:
             return None
         target = np.asarray(self.target(), dtype=np.float64)
         cur = np.asarray(current, dtype=np.float64)

@@ -63,22 +63,22 @@ class Dispatcher:
             raise ValueError(f"Dispatcher with cpu_compute={cpu_compute!r} needs a cost model")
         self.cost_model = cost_model
         self.cpu_compute = cpu_compute
-        self._costs: tuple[CostModel | None, tuple[float, ...]] | None = None
+        self._costs: tuple[CostModel | None, np.ndarray] | None = None
 
     @property
     def cpu_enabled(self) -> bool:
         return self.cpu_compute != "off"
 
-    def kernel_costs(self) -> tuple[float, ...]:
+    def kernel_costs(self) -> np.ndarray:
         """The rule's constants for ``kernels.plan_access``: copy time, CPU overhead / fixed / per
         token, GPU fixed / per token (zeros with CPU compute off). Cached per cost model (cost
         models are replaced, e.g. by ``with_overrides``, never changed in place)."""
         cm = self.cost_model
         if self._costs is None or self._costs[0] is not cm:
-            costs = (0.0,) * 6
+            costs = np.zeros(6)
             if cm is not None and self.cpu_enabled:
-                costs = (cm.copy_time(), cm.cpu_overhead_s, cm.cpu_expert_fixed_s, cm.cpu_s_per_token,
-                         cm.gpu_expert_fixed_s, cm.gpu_s_per_token)
+                costs[:] = (cm.copy_time(), cm.cpu_overhead_s, cm.cpu_expert_fixed_s, cm.cpu_s_per_token,
+                            cm.gpu_expert_fixed_s, cm.gpu_s_per_token)
             self._costs = (cm, costs)
         return self._costs[1]
 

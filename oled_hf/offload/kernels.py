@@ -167,6 +167,30 @@ def _oled_update(ids, gates, gate_mode, cls, entry_cls, prev_ids, prev_cls, prev
         score_update_gated(ids, gates, cls, stab, gate_mode == 1, score, decay, acc)
 
 
+def _classify(masked, confidence, committed, edited, has_edited, threshold, n_bins, codes, cls, counts):
+    """``OledPolicy.classify`` per row, and the class counts (``np.bincount``) in the same pass.
+
+    ``codes`` = (DECODED, COMMITTED, CONFIDENT, UNSURE, EDITED). An unsure row's bin is
+    ``int(conf / threshold * n_bins)`` clipped to ``[0, n_bins - 1]``: NumPy's float64 arithmetic
+    and truncating cast, element by element.
+    """
+    counts[:] = 0
+    for i in range(cls.shape[0]):
+        if has_edited and edited[i]:
+            c = codes[4]
+        elif committed[i]:
+            c = codes[1]
+        elif not masked[i]:
+            c = codes[0]
+        elif confidence[i] >= threshold:
+            c = codes[2]
+        else:
+            b = np.int64(confidence[i] / threshold * n_bins)
+            c = codes[3] + min(max(b, 0), n_bins - 1)
+        cls[i] = c
+        counts[c] += 1
+
+
 def _class_sum(flat, entry_cls, per_class, out):
     """``bincount(flat, weights=per_class[entry_cls])`` into ``out`` (OLED's log-miss per expert)."""
     out[:] = 0.0
@@ -313,9 +337,8 @@ def _log_miss(mode, flat, entry_cls, stab, num_experts):
     return out
 
 
-def _plan_access(layer, counts, flags_all, slot_all, free_all, free_n, slot_expert, prio, adm, use_adm,
-                 reuse_mode, reuse_row, flat, entry_cls, stab, capacity, total_tokens, cpu_enabled,
-                 bg_copies, bg_min_reuse, copy_t, ov, cf, cs, gf, gs, out, info):
+def _plan_access(layer, counts, flags_all, tables, free_n, slot_expert, prio, adm, use_adm, reuse_mode, reuse_row,
+                 flat, entry_cls, stab, capacity, total_tokens, cpu_enabled, bg_copies, bg_min_reuse, costs, out):
     """``CacheState.plan`` for one access in one call, over the state arrays; returns 0, or 1 untouched.
 
     Same rules and floats as the Python path: hits and misses in id order, the dispatcher's split
@@ -325,13 +348,15 @@ def _plan_access(layer, counts, flags_all, slot_all, free_all, free_n, slot_expe
     rule 4's reuse copies. Returns 1 before changing anything where the Python path must plan the
     access instead: a NaN key, more than ``MAX_ROW`` misses to split or a zero copy time. ``out``
     rows: hits, their slots, copied experts, their slots, their victims (-1 none), CPU experts,
-    reuse copies, their slots, their victims;
-    ``info``: hits, misses, copies, CPU experts, CPU tokens, reuse copies, copies into free slots,
-    reuse copies into free slots, dead on arrival.
+    reuse copies, their slots, their victims, then (row 9) the counts: hits, misses, copies, CPU
+    experts, CPU tokens, reuse copies, copies into free slots, reuse copies into free slots, dead
+    on arrival. ``tables`` is ``[slot of each expert, free-slot stack]`` per layer; ``costs`` the
+    dispatcher's constants (``Dispatcher.kernel_costs``). Few arguments: each costs ~0.15 us to pass.
     """
     flags = flags_all[layer]
-    slot_of = slot_all[layer]
-    free = free_all[layer]
+    slot_of = tables[0, layer]
+    free = tables[1, layer]
+    copy_t, ov, cf, cs, gf, gs = costs[0], costs[1], costs[2], costs[3], costs[4], costs[5]
     E = counts.shape[0]
     nh = 0
     nm = 0
@@ -474,6 +499,7 @@ def _plan_access(layer, counts, flags_all, slot_all, free_all, free_n, slot_expe
         free_n[layer] = n_free
         if nbg:
             doa += _apply_copies(flags, out[6, :nbg].copy(), bg_victims[:vi], out[7, :nbg].copy(), slot_expert)
+    info = out[9]
     info[0] = nh
     info[1] = nm
     info[2] = nc
@@ -499,6 +525,7 @@ score_update_gated = jit(_score_update_gated)
 score_update_flat = jit(_score_update_flat)
 measure = jit(_measure)
 oled_update = jit(_oled_update)
+classify = jit(_classify)
 class_sum = _class_sum if ENABLED else None
 lowest_idle = _lowest_idle if ENABLED else None
 split_misses = _split_misses if ENABLED else None
@@ -524,6 +551,9 @@ def warm_up() -> None:
     score_update_flat(ids, np.zeros(2, dtype=np.intp), stab, score, 0.5, acc)
     measure(ids, ids, cls, np.zeros(2, dtype=np.intp), np.zeros(10, dtype=np.int64), True,
             np.zeros((2, 10)), 0.98, np.ones((2, 10)), 0.05, np.empty(10))
+    no = np.zeros(1, dtype=bool)
+    classify(no, np.zeros(1), no, no, False, 0.9, 4, np.arange(5, dtype=np.intp), np.empty(1, dtype=np.intp),
+             np.zeros(10, dtype=np.int64))
     for gate_mode in (0, 1):
         oled_update(ids, np.ones((1, 2), dtype=np.float32), gate_mode, cls, np.zeros(2, dtype=np.intp), ids, cls,
                     np.zeros(2, dtype=np.intp), np.zeros(10, dtype=np.int64), True, ids.copy(), np.zeros((2, 10)),
@@ -533,9 +563,9 @@ def warm_up() -> None:
     split_misses(np.ones(2, dtype=np.int64), np.zeros(2), np.ones(2, dtype=bool), 1, 0.0, 1.0,
                  0.0, 1.0, 1.0, 1.0, 1.0, np.zeros(2, dtype=bool))
     for mode in (1, 2):  # one access of a 1-layer, 2-expert, 1-slot cache: a copy and a CPU miss
-        plan_access(0, np.ones(2, dtype=np.int64), np.zeros((1, 2, 2), dtype=bool), np.full((1, 2), -1),
-                    np.zeros((1, 2), dtype=np.int64), np.ones(1, dtype=np.int64), np.full(1, -1), np.zeros(2),
-                    np.ones(2, dtype=bool), False, mode, np.ones(2), ids.reshape(-1), np.zeros(2, dtype=np.intp),
-                    stab, 1, 2, True, 1, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0, np.zeros((9, 2), dtype=np.int64),
-                    np.zeros(9, dtype=np.int64))
+        tables = np.stack((np.full((1, 2), -1), np.zeros((1, 2), dtype=np.int64)))
+        plan_access(0, np.ones(2, dtype=np.int64), np.zeros((1, 2, 2), dtype=bool), tables, np.ones(1, dtype=np.int64),
+                    np.full(1, -1), np.zeros(2), np.ones(2, dtype=bool), False, mode, np.ones(2), ids.reshape(-1),
+                    np.zeros(2, dtype=np.intp), stab, 1, 2, True, 1, 1.0, np.array([1.0, 0.0, 1.0, 1.0, 1.0, 1.0]),
+                    np.zeros((10, 9), dtype=np.int64))
     _warm = True

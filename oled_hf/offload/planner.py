@@ -162,9 +162,10 @@ class CacheState:
         self.slot_owner = np.repeat(np.arange(self.num_layers), self.capacities)
         self.slot_expert = np.full(self.total_slots, -1, dtype=np.int64)
         shape = (self.num_layers, self.num_experts)
-        self._slot = np.full(shape, -1, dtype=np.int64)  # slot of each resident expert, -1 if not resident
+        self._tables = np.full((2, *shape), -1, dtype=np.int64)  # one array: one argument of the kernel
+        self._slot = self._tables[0]  # slot of each resident expert, -1 if not resident
         # free slots per layer: a stack (top = index n-1) popped lowest slot id first
-        self._free = np.zeros(shape, dtype=np.int64)
+        self._free = self._tables[1]
         self._free_n = np.zeros(self.num_layers, dtype=np.int64)
         starts = np.concatenate(([0], np.cumsum(self.capacities)))
         for l in range(self.num_layers):
@@ -175,8 +176,7 @@ class CacheState:
         self._flags = np.zeros((self.num_layers, 2, self.num_experts), dtype=bool)
         self._resident, self._unhit = self._flags[:, 0], self._flags[:, 1]
         self.stats = CacheStats(self.num_layers)
-        self._out = np.zeros((9, self.num_experts), dtype=np.int64)  # kernels.plan_access's answer
-        self._info = np.zeros(9, dtype=np.int64)
+        self._out = np.zeros((10, max(self.num_experts, 9)), dtype=np.int64)  # kernels.plan_access's answer
         self._all_admitted = np.ones(self.num_experts, dtype=bool)
         kernels.warm_up()  # compiled (or loaded from numba's cache) now, not in the first forward
 
@@ -283,21 +283,21 @@ class CacheState:
         adm = policy.admission(layer)
         cpu = dispatcher.cpu_compute != "off"
         mode, row, flat, entry_cls, stab = policy.reuse_inputs(layer) if cpu else _NO_REUSE
-        out, info = self._out, self._info
+        out = self._out
         if kernels.plan_access(
-            layer, counts, self._flags, self._slot, self._free, self._free_n, self.slot_expert, prio,
+            layer, counts, self._flags, self._tables, self._free_n, self.slot_expert, prio,
             self._all_admitted if adm is None else adm, adm is not None, mode, row, flat, entry_cls, stab,
             self.capacities[layer], total_tokens, cpu, policy.background_copies, policy.background_min_reuse,
-            *dispatcher.kernel_costs(), out, info,
+            dispatcher.kernel_costs(), out,
         ):
             return None
-        nh, nm, nc, ncpu, cpu_tokens, nbg, nfree, nbg_free, doa = info.tolist()
+        nh, nm, nc, ncpu, cpu_tokens, nbg, nfree, nbg_free, doa = out[9, :9].tolist()
         evicted = nc - nfree + nbg - nbg_free
         if evicted:
             self.stats.evictions[layer] += evicted
             self.stats.dead_on_arrival[layer] += doa
         self._count(layer, nh, nm, nc + nbg, ncpu, cpu_tokens, total_tokens)
-        return LayerPlan.from_arrays(layer, counts, out[:, : max(nh, nc, ncpu, nbg)].copy(),
+        return LayerPlan.from_arrays(layer, counts, out[:9, : max(nh, nc, ncpu, nbg)].copy(),
                                      [nh, nc, ncpu, nbg, nfree, nbg_free])
 
     def _background(

@@ -151,3 +151,19 @@ def test_compiled_plan_handles_every_access(monkeypatch, case):
     t, p, c, cpu = case
     plan_digest(_trace(t), p, c, cpu, oled_background_copies=2)
     assert handled and all(x is not None for x in handled)
+
+
+def test_compiled_classes_are_numpys():
+    rng = np.random.default_rng(6)
+    pol = OledPolicy(1, 8, confidence_threshold=0.85)
+    for trial in range(200):
+        rows = int(rng.integers(1, 70))
+        event = _event(rng, rows, 0.85)
+        event.confidence = np.where(rng.random(rows) < 0.2, rng.choice([0.0, 0.85, 0.2125, 1.0, -0.1], rows),
+                                    event.confidence).astype(rng.choice([np.float32, np.float64]))
+        if trial % 3 == 0:
+            event.edited = None
+        pol.on_iteration(event)
+        want = pol.classify(event.masked, event.confidence, event.committed, event.edited)
+        assert pol._row_class.tolist() == want.tolist(), trial
+        assert pol._class_counts.tolist() == np.bincount(want, minlength=10).tolist()

@@ -157,16 +157,24 @@ class OledPolicy(CachePolicy):
 
     def on_iteration(self, event: Any) -> None:
         edited = getattr(event, "edited", None)
-        self._set_classes(self.classify(
-            as_numpy(event.masked).reshape(-1),
-            as_numpy(event.confidence).reshape(-1),
-            as_numpy(event.committed).reshape(-1),
-            None if edited is None else as_numpy(edited).reshape(-1),
-        ))
+        masked = as_numpy(event.masked).reshape(-1)
+        confidence = as_numpy(event.confidence).reshape(-1)
+        committed = as_numpy(event.committed).reshape(-1)
+        edited = None if edited is None else as_numpy(edited).reshape(-1)
+        if self._compiled:
+            cls, counts = np.empty(masked.shape[0], dtype=np.intp), np.empty(N_CLASSES, dtype=np.int64)
+            kernels.classify(_as(masked, np.bool_), _as(confidence, np.float64), _as(committed, np.bool_),
+                             masked if edited is None else _as(edited, np.bool_), edited is not None,
+                             self.threshold, N_BINS, _CODES, cls, counts)
+            self._set_classes(cls, counts)
+        else:
+            self._set_classes(self.classify(masked, confidence, committed, edited))
 
-    def _set_classes(self, cls: np.ndarray | None) -> None:
+    def _set_classes(self, cls: np.ndarray | None, counts: np.ndarray | None = None) -> None:
         self._row_class = cls
-        self._class_counts = None if cls is None else np.bincount(cls, minlength=N_CLASSES)
+        if counts is None and cls is not None:
+            counts = np.bincount(cls, minlength=N_CLASSES)
+        self._class_counts = counts
         self._entry_class = None
 
     def on_block_end(self, block_index: int, token_ids: Any) -> None:
@@ -358,6 +366,14 @@ class OledPolicy(CachePolicy):
             kernels.class_sum(flat, entry_cls, per_class, out)
             return out
         return np.bincount(flat, weights=per_class[entry_cls], minlength=self.num_experts)
+
+
+_CODES = np.array([DECODED, COMMITTED, CONFIDENT, UNSURE, EDITED], dtype=np.intp)  # kernels.classify's classes
+
+
+def _as(a: np.ndarray, dtype: Any) -> np.ndarray:
+    """``a`` as a contiguous array of ``dtype`` (no copy when it is one already)."""
+    return a if a.dtype == dtype and a.flags.c_contiguous else np.ascontiguousarray(a, dtype=dtype)
 
 
 def _reuse_from(log_miss: np.ndarray) -> np.ndarray:
