@@ -131,16 +131,23 @@ def _fold_counts(counts: np.ndarray, recency: np.ndarray, hist: np.ndarray, id_b
                 hist[i] = hist[i] + row[i]
         if n_req == 0:
             continue
-        req = np.empty(n_req, dtype=np.int64)
-        keys = np.empty(n_req, dtype=np.int64)
-        k = 0
+        # the access's experts to the top in decreasing (count, id): a counting sort by count
+        top_count = 0
+        for e in range(E):
+            if counts[a, e] > top_count:
+                top_count = counts[a, e]
+        start = np.zeros(top_count + 2, dtype=np.int64)  # start[c]: experts with a count above c
         for e in range(E):
             if counts[a, e] > 0:
-                req[k] = e
-                keys[k] = -(counts[a, e] * P + e)
+                start[counts[a, e] - 1] += 1
                 seen[e] = True
-                k += 1
-        stack[:n_req] = req[np.argsort(keys)]
+        for c in range(top_count - 1, -1, -1):
+            start[c] += start[c + 1]
+        for e in range(E - 1, -1, -1):
+            c = counts[a, e]
+            if c > 0:
+                stack[start[c]] = e
+                start[c] += 1
         stack[n_req:] = rest[:n_rest]
     n_seen = 0
     for e in range(E):
