@@ -1,14 +1,24 @@
-"""Compiled inner loops of OLED's update, the copy-vs-CPU split and the victim choice (numba, optional).
+"""Compiled host code of the offload hot path (numba, optional): OLED's update, the planner, the row classes.
 
-Why: at LLaDA2.0-mini scale a layer access is ~60-80 small NumPy calls of 1-3 us each, so the
-host time is call dispatch, not arithmetic; one compiled pass over an access's 256 routes costs
-less than a single NumPy call. Each kernel performs the same IEEE operations in the same order as
-the NumPy code it stands in for (``np.bincount``'s sequential sums, NumPy's pairwise float32 row
-sums, a stable sort by priority with ties by expert id), so decisions, counters and the plan
-checksums do not depend on which path ran; ``tests/offload/test_kernels.py`` compares the two.
+Why: at LLaDA2.0-mini scale a layer access was ~60-80 small NumPy calls of 1-3 us each, so the
+host time was call dispatch, not arithmetic. Here a whole access is two calls: ``oled_update``
+(the policy) and ``plan_access`` (hits, the copy-vs-CPU split, slots and victims, streaming,
+reuse copies, over ``CacheState``'s arrays); each compiled call costs about 0.15 us per argument
+to enter, which is why the planner passes packed tables. Every kernel performs the same IEEE
+operations in the same order as the Python/NumPy code it stands in for (``np.bincount``'s
+sequential sums, NumPy's pairwise float32 row sums, stable orders with ties by expert id,
+NumPy's float64 arithmetic and truncating casts), so decisions, counters and the plan checksums
+do not depend on which path ran; ``tests/offload/test_kernels.py`` compares the two.
 
-Without numba, or with ``OLED_HF_KERNELS=numpy`` in the environment, ``ENABLED`` is False and the
-NumPy code runs (it stays the reference).
+Transcendentals: ``plan_access`` evaluates OLED's reuse (``log1p``, ``expm1``) with libm, which is
+what NumPy calls on AVX2 machines like the test machine (bit-identical there, tested); NumPy's
+AVX-512 builds use their own versions, which can differ in the last bit, so there a reuse
+prediction may differ by one ulp (a decision only at an exact tie; the checksums would show it).
+
+All kernels live in this one file because numba's on-disk cache invalidates a function when its
+own file changes, not when a kernel it calls in another file does. Without numba, or with
+``OLED_HF_KERNELS=numpy`` in the environment, ``ENABLED`` is False and the Python code runs (it
+stays the reference).
 """
 
 from __future__ import annotations

@@ -192,10 +192,6 @@ class CacheState:
     def slots_of_layer(self, layer: int) -> list[int]:
         return np.flatnonzero(self.slot_owner == layer).tolist()
 
-    def free_slots(self, layer: int) -> list[int]:
-        """The layer's free slots in the order copies take them."""
-        return self._free[layer, : self._free_n[layer]][::-1].tolist()
-
     def holds_all(self, layer: int) -> bool:
         """Whether every expert of the layer is resident: then any access to it is all hits (O(1))."""
         return self.capacities[layer] == self.num_experts and not self._free_n[layer]

@@ -167,3 +167,27 @@ def test_compiled_classes_are_numpys():
         want = pol.classify(event.masked, event.confidence, event.committed, event.edited)
         assert pol._row_class.tolist() == want.tolist(), trial
         assert pol._class_counts.tolist() == np.bincount(want, minlength=10).tolist()
+
+
+def test_compiled_reuse_prediction_is_numpys():
+    """The planner kernel's OLED reuse (libm log1p/expm1) equals the policy's NumPy one bit for bit
+    where NumPy uses libm (AVX2 builds, this machine); AVX-512 builds carry their own versions."""
+    import math
+
+    from oled_hf.offload.policies.oled import _reuse_from
+
+    probe = -np.random.default_rng(0).random(1000) * 20
+    if not all(np.expm1(x) == math.expm1(x) and np.log1p(x / 21) == math.log1p(x / 21) for x in probe):
+        pytest.skip("NumPy's log1p/expm1 are not libm's on this machine")
+    rng = np.random.default_rng(7)
+    for _ in range(50):
+        E = int(rng.integers(4, 300))
+        flat = rng.integers(0, E, int(rng.integers(1, 400)))
+        entry_cls = rng.integers(0, 10, flat.size).astype(np.intp)
+        stab = np.clip(rng.random(10) * 1.1, 0.05, 1.0)
+        want_log = np.bincount(flat, weights=np.log1p(-np.minimum(stab, 0.99))[entry_cls], minlength=E)
+        log_miss = kernels._log_miss(2, flat, entry_cls, stab, E)
+        assert np.array_equal(log_miss, want_log)
+        want = _reuse_from(want_log)
+        got = np.array([kernels._reuse_at(e, 2, np.zeros(0), log_miss) for e in range(E)])
+        assert np.array_equal(got, want)
