@@ -32,6 +32,8 @@ NO_INTS, NO_FLOATS = np.zeros(0, dtype=np.int64), np.zeros(0)  # unused argument
 
 def as_numpy(x: Any) -> np.ndarray:
     """A NumPy view of a tensor (moved to the CPU if needed) or array-like."""
+    if type(x) is np.ndarray:  # already converted upstream (the planner's hot path passes arrays on)
+        return x
     if isinstance(x, torch.Tensor):
         if x.is_cpu and not x.requires_grad:  # the common case: skip detach()/cpu(), ~1 us each
             return x.numpy()

@@ -266,7 +266,9 @@ class OledPolicy(CachePolicy):
         else:
             prev_ids, prev_cls, prev_counts, prev_entry_cls = keep, cls, self._no_counts, entry_cls
         gate_mode = 0 if weights is None or self.gate_power == 0.0 else 1 if self.gate_power == 0.5 else 2
-        gates = self._no_gates if gate_mode == 0 else as_numpy(weights).reshape(rows, k)
+        gates = self._no_gates if gate_mode == 0 else as_numpy(weights)
+        if gate_mode and gates.shape != ids.shape:
+            gates = gates.reshape(rows, k)
         if gates.dtype != np.float32 or not gates.flags.c_contiguous:
             gates = np.ascontiguousarray(gates, dtype=np.float32)
         if ids.dtype != np.int64 or not ids.flags.c_contiguous:
