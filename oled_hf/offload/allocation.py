@@ -12,8 +12,10 @@ phase changes through exponential decay.
 
 Cost: ``observe`` runs once per MoE layer per forward, on the live runtime's critical path, so it
 only stores the access's token counts; the stack distances of the stored accesses are computed
-together, vectorised over accesses, when the curve is read (``target``/``propose`` at a block end)
-and added in access order, so the histogram is the same whenever a batch is folded in.
+together when the curve is read (``target``/``propose`` at a block end) and added in access
+order, so the histogram is the same whenever a batch is folded in: vectorised over accesses in
+NumPy, or, where numba is installed, an LRU stack walked access by access (``fold_counts``, ~2 us
+per access at 256 experts), with the antitonic fit compiled too (``antitonic_pav``).
 """
 
 from __future__ import annotations
