@@ -37,7 +37,8 @@ from oled_hf.modeling.events import IterationEvent, IterationObserver
 from .allocation import AdaptiveAllocator, uniform_capacities
 from .costmodel import CostModel
 from .dispatch import Dispatcher
-from .planner import CacheState, LayerPlan, SlotMove
+from .layer_plan import LayerPlan
+from .planner import CacheState, SlotMove
 from .policies import make_policy
 from .policies.base import as_numpy
 from .stats import CacheStats

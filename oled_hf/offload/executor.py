@@ -47,7 +47,7 @@ from ..modeling.experts import (
     swiglu_expert,
 )
 from .controller import DeferredAccess
-from .planner import LayerPlan
+from .layer_plan import LayerPlan
 
 
 @dataclass

@@ -8,7 +8,7 @@ from oled_hf.modeling.experts import LOOP_EXECUTOR
 
 from oled_hf import OffloadConfig
 from oled_hf.offload.executor import pack_routing, plan_waves, unpack_routing
-from oled_hf.offload.planner import LayerPlan
+from oled_hf.offload.layer_plan import LayerPlan
 
 POLICIES = ["oled", "lru", "lfu", "static", "tide"]
 # Copies so slow and the CPU so fast that the dispatcher sends misses to the CPU.
