@@ -67,7 +67,7 @@ def plan_waves(plan: LayerPlan) -> list[Wave]:
         waves.append(Wave(hits, hit_slots, False))
     experts, slots = plan.copy_arrays()
     if experts.size:
-        if np.unique(slots).size == slots.size:  # the usual case: every copy has its own slot
+        if plan.streamed is False or np.unique(slots).size == slots.size:  # the usual case: a slot per copy
             waves.append(Wave(experts, slots, True))
         else:  # the request exceeds the layer's capacity: slots are reused within this access
             start, seen = 0, set()

@@ -360,8 +360,9 @@ def _plan_access(layer, counts, flags_all, tables, free_n, slot_expert, prio, ad
     rows: hits, their slots, copied experts, their slots, their victims (-1 none), CPU experts,
     reuse copies, their slots, their victims, then (row 9) the counts: hits, misses, copies, CPU
     experts, CPU tokens, reuse copies, copies into free slots, reuse copies into free slots, dead
-    on arrival. ``tables`` is ``[slot of each expert, free-slot stack]`` per layer; ``costs`` the
-    dispatcher's constants (``Dispatcher.kernel_costs``). Few arguments: each costs ~0.15 us to pass.
+    on arrival, whether a copy streamed through a slot of this access. ``tables`` is ``[slot of
+    each expert, free-slot stack]`` per layer; ``costs`` the dispatcher's constants
+    (``Dispatcher.kernel_costs``). Few arguments: each costs ~0.15 us to pass.
     """
     flags = flags_all[layer]
     slot_of = tables[0, layer]
@@ -519,6 +520,7 @@ def _plan_access(layer, counts, flags_all, tables, free_n, slot_expert, prio, ad
     info[6] = nf
     info[7] = nbg_free
     info[8] = doa
+    info[9] = computed.shape[0] > 0  # a copy streamed through a slot of this access
     return 0
 
 
@@ -577,5 +579,5 @@ def warm_up() -> None:
         plan_access(0, np.ones(2, dtype=np.int64), np.zeros((1, 2, 2), dtype=bool), tables, np.ones(1, dtype=np.int64),
                     np.full(1, -1), np.zeros(2), np.ones(2, dtype=bool), False, mode, np.ones(2), ids.reshape(-1),
                     np.zeros(2, dtype=np.intp), stab, 1, 2, True, 1, 1.0, np.array([1.0, 0.0, 1.0, 1.0, 1.0, 1.0]),
-                    np.zeros((10, 9), dtype=np.int64))
+                    np.zeros((10, 10), dtype=np.int64))
     _warm = True

@@ -35,7 +35,7 @@ class LayerPlan:
     @classmethod
     def from_arrays(cls, layer: int, counts: np.ndarray, arr: np.ndarray, n: list[int]) -> LayerPlan:
         """A plan over ``kernels.plan_access``'s rows (``arr``, owned) and counts (``n``: hits, copies,
-        CPU experts, reuse copies, copies into free slots, reuse copies into free slots)."""
+        CPU experts, reuse copies, copies into free slots, reuse copies into free slots, streamed)."""
         plan = cls.__new__(cls)
         plan.layer, plan.counts, plan._arr, plan._n = layer, counts, arr, n
         plan._hits = plan._copies = plan._cpu = plan._slot_of = plan._background = None
@@ -54,6 +54,11 @@ class LayerPlan:
             return self._arr[2, : self._n[1]], self._arr[3, : self._n[1]]
         return (np.fromiter((c[0] for c in self._copies), np.int64, len(self._copies)),
                 np.fromiter((c[1] for c in self._copies), np.int64, len(self._copies)))
+
+    @property
+    def streamed(self) -> bool | None:
+        """Whether a copy reuses a slot of this access (a request over the capacity); None: not known."""
+        return bool(self._n[6]) if self._arr is not None else None
 
     @property
     def hits(self) -> list[int]:

@@ -89,7 +89,7 @@ class CacheState:
         self._flags = np.zeros((self.num_layers, 2, self.num_experts), dtype=bool)
         self._resident, self._unhit = self._flags[:, 0], self._flags[:, 1]
         self.stats = CacheStats(self.num_layers)
-        self._out = np.zeros((10, max(self.num_experts, 9)), dtype=np.int64)  # kernels.plan_access's answer
+        self._out = np.zeros((10, max(self.num_experts, 10)), dtype=np.int64)  # kernels.plan_access's answer
         self._all_admitted = np.ones(self.num_experts, dtype=bool)
         kernels.warm_up()  # compiled (or loaded from numba's cache) now, not in the first forward
 
@@ -200,14 +200,14 @@ class CacheState:
             dispatcher.kernel_costs(), out,
         ):
             return None
-        nh, nm, nc, ncpu, cpu_tokens, nbg, nfree, nbg_free, doa = out[9, :9].tolist()
+        nh, nm, nc, ncpu, cpu_tokens, nbg, nfree, nbg_free, doa, streamed = out[9, :10].tolist()
         evicted = nc - nfree + nbg - nbg_free
         if evicted:
             self.stats.evictions[layer] += evicted
             self.stats.dead_on_arrival[layer] += doa
         self._count(layer, nh, nm, nc + nbg, ncpu, cpu_tokens, total_tokens)
         return LayerPlan.from_arrays(layer, counts, out[:9, : max(nh, nc, ncpu, nbg)].copy(),
-                                     [nh, nc, ncpu, nbg, nfree, nbg_free])
+                                     [nh, nc, ncpu, nbg, nfree, nbg_free, streamed])
 
     def _background(
         self, layer: int, cpu_l: list[int], counts: np.ndarray, policy: CachePolicy

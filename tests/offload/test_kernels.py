@@ -151,6 +151,10 @@ def test_compiled_plan_handles_every_access(monkeypatch, case):
     t, p, c, cpu = case
     plan_digest(_trace(t), p, c, cpu, oled_background_copies=2)
     assert handled and all(x is not None for x in handled)
+    for plan in handled:  # what the executor's waves rely on: no slot twice among unstreamed copies
+        slots = plan.copy_arrays()[1]
+        assert plan.streamed or np.unique(slots).size == slots.size
+    assert any(plan.streamed for plan in handled)  # prefill-sized requests exceed the layers' slots
 
 
 def test_compiled_classes_are_numpys():
