@@ -3,8 +3,8 @@
 The CPU computes its experts from the host store while the GPU computes hits and copied experts
 (copies stream in on the copy engine). Both run concurrently, so one layer access takes roughly
 ``max(CPU time, GPU+copy time)``. A copy also pays off later: the expert stays cached for its
-predicted reuse. The rule (deterministic; for fewer than 40 misses one compiled call where numba is
-installed, ~9 us with its conversions, else Python floats, ~25 us for 10 misses; NumPy beyond):
+predicted reuse. The rule (deterministic; Python floats for fewer than 40 misses, NumPy beyond;
+where numba is installed the planner runs it inside its compiled plan, ``kernels.plan_access``):
 
 1. Misses the policy does not admit run on the CPU (with CPU compute off, everything is copied).
 2. Rank the admitted misses by benefit per GPU-side cost,
@@ -24,7 +24,6 @@ import math
 
 import numpy as np
 
-from . import kernels
 from .costmodel import CostModel
 
 # auto: on beside an accelerator, off where the device is the CPU (resolve_cpu_compute)
@@ -120,19 +119,9 @@ class Dispatcher:
         copy_t = cm.copy_time()
         g0 = cm.gpu_expert_fixed_s * n_hits + cm.gpu_s_per_token * hit_token_sum
         if m < self.small and copy_t > 0.0:
-            if kernels.ENABLED:  # the same rule compiled (oled_hf.offload.kernels): one call
-                take_arr = np.empty(m, dtype=bool)
-                if kernels.split_misses(
-                    np.ascontiguousarray(tokens, dtype=np.int64), np.ascontiguousarray(reuse, dtype=np.float64),
-                    np.ones(m, dtype=bool) if admitted is None else np.ascontiguousarray(admitted, dtype=bool),
-                    int(room), float(g0), float(copy_t), float(cm.cpu_overhead_s), float(cm.cpu_expert_fixed_s),
-                    float(cm.cpu_s_per_token), float(cm.gpu_expert_fixed_s), float(cm.gpu_s_per_token), take_arr,
-                ):
-                    return take_arr.tolist()
-            else:
-                take = self._split_small(cm, copy_t, g0, tokens.tolist(), np.asarray(reuse).tolist(), admitted, room)
-                if take is not None:
-                    return take
+            take = self._split_small(cm, copy_t, g0, tokens.tolist(), np.asarray(reuse).tolist(), admitted, room)
+            if take is not None:
+                return take
         return self._split_numpy(cm, copy_t, g0, tokens, reuse, admitted, room).tolist()
 
     @staticmethod

@@ -266,20 +266,14 @@ class OledPolicy(CachePolicy):
         else:
             prev_ids, prev_cls, prev_counts, prev_entry_cls = keep, cls, self._no_counts, entry_cls
         gate_mode = 0 if weights is None or self.gate_power == 0.0 else 1 if self.gate_power == 0.5 else 2
-        gates = self._no_gates if gate_mode == 0 else as_numpy(weights)
-        if gate_mode and gates.shape != ids.shape:
-            gates = gates.reshape(rows, k)
-        if gates.dtype != np.float32 or not gates.flags.c_contiguous:
-            gates = np.ascontiguousarray(gates, dtype=np.float32)
-        if ids.dtype != np.int64 or not ids.flags.c_contiguous:
-            ids = np.ascontiguousarray(ids, dtype=np.int64)
+        gates = self._no_gates if gate_mode == 0 else _as(as_numpy(weights).reshape(rows, k), np.float32)
+        ids = _as(ids, np.int64)
         stab = self._stab[layer]
         kernels.oled_update(ids, gates, gate_mode, cls, entry_cls, prev_ids, prev_cls, prev_entry_cls, prev_counts,
                             measure_it, keep, self._calib[layer], self.calibration_decay, self._pseudo,
                             self.min_stability, stab, self._score[layer], self.decay, self._acc)
-        if self.calibrate:
-            # a previous buffer of the same shape is ``keep`` itself: swap so the next access reads this one
-            self._kept[layer] = prev_ids if measure_it and prev_ids is not keep else None
+        if self.calibrate:  # two buffers alternate: this access's becomes the previous, the previous is reused
+            self._kept[layer] = prev_ids if measure_it else None
             self._prev[layer] = (keep, ids.shape, cls, cls_counts, entry_cls)
         self._reuse_inputs[layer] = (keep.reshape(-1), stab, entry_cls)
 
@@ -355,9 +349,7 @@ class OledPolicy(CachePolicy):
         if pending is None:
             return 1, self._reuse[layer], NO_INTS, NO_INTS, NO_FLOATS
         flat, stab, entry_cls = pending
-        if flat.dtype != np.int64 or not flat.flags.c_contiguous:  # (the NumPy update keeps the caller's ids)
-            flat = np.ascontiguousarray(flat, dtype=np.int64)
-        return 2, NO_FLOATS, flat, entry_cls, stab
+        return 2, NO_FLOATS, _as(flat, np.int64), entry_cls, stab  # (the NumPy update keeps the caller's ids)
 
     def _log_miss(self, pending: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
         """Per expert, the sum over its routes of log(1 - s_row) (s capped at 0.99)."""
