@@ -7,9 +7,25 @@ the value and what is allowed, because a wrong routing shape otherwise fails dee
 
 from __future__ import annotations
 
+import math
+
 from transformers import PreTrainedConfig
 
 SCORE_FUNCTIONS = ("sigmoid", "softmax")
+HIDDEN_ACTS = ("silu",)  # the MLPs hard-code SwiGLU; another name would be silently ignored
+
+# Field -> what it must be; checked before any arithmetic uses them (a 0 or a string otherwise
+# surfaces as a ZeroDivisionError or a reshape error at the first forward).
+POSITIVE_INTS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                 "num_key_value_heads", "max_position_embeddings", "num_experts", "num_experts_per_tok",
+                 "moe_intermediate_size", "n_group", "topk_group")
+NON_NEGATIVE_INTS = ("num_shared_experts", "first_k_dense_replace", "max_window_layers")
+OPTIONAL_POSITIVE_INTS = ("head_dim", "rotary_dim", "sliding_window")  # None: derived or unused
+POSITIVE_FLOATS = ("rms_norm_eps", "rope_theta", "routed_scaling_factor")
+UNIT_FLOATS = ("attention_dropout", "embedding_dropout", "output_dropout")  # in [0, 1]
+BOOLS = ("use_qkv_bias", "use_bias", "moe_router_enable_expert_bias", "norm_topk_prob", "router_bias_fp32",
+         "output_router_logits", "tie_word_embeddings")
+OPTIONAL_TOKEN_IDS = ("pad_token_id", "bos_token_id")
 
 # LLaDA2.0-mini's special ids (see shared/docs/llada2.md §1): EOS doubles as pad.
 LLADA2_EOS_TOKEN_ID = 156892
@@ -81,6 +97,7 @@ class OledLLaDA2Config(PreTrainedConfig):
         rope_scaling = kwargs.pop("rope_scaling", None)
         if rope_scaling not in (None, {}):
             raise ValueError(f"rope_scaling={rope_scaling!r} is not supported: LLaDA2 uses plain RoPE (null)")
+        self.check_field_types()
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
         if self.rotary_dim is None:
@@ -90,8 +107,56 @@ class OledLLaDA2Config(PreTrainedConfig):
         self.use_cache = kwargs.get("use_cache", self.use_cache)
         self.validate_llada2()
 
+    def check_field_types(self) -> None:
+        """Every numeric field has a usable type and range, named with its value and what is allowed.
+
+        Runs before the derived fields (``head_dim``, ``rotary_dim``) are computed from them.
+        """
+        for name in POSITIVE_INTS:
+            _require(name, getattr(self, name), _is_int(getattr(self, name)) and getattr(self, name) > 0,
+                     "must be a positive integer")
+        for name in NON_NEGATIVE_INTS:
+            _require(name, getattr(self, name), _is_int(getattr(self, name)) and getattr(self, name) >= 0,
+                     "must be an integer >= 0")
+        for name in OPTIONAL_POSITIVE_INTS:
+            value = getattr(self, name)
+            _require(name, value, value is None or (_is_int(value) and value > 0), "must be a positive integer or null")
+        for name in POSITIVE_FLOATS:
+            value = getattr(self, name)
+            _require(name, value, _is_finite_number(value) and value > 0, "must be a finite number > 0")
+        for name in UNIT_FLOATS:
+            value = getattr(self, name)
+            _require(name, value, _is_finite_number(value) and 0 <= value <= 1, "must be a number between 0 and 1")
+        value = self.partial_rotary_factor
+        _require("partial_rotary_factor", value, _is_finite_number(value) and 0 < value <= 1,
+                 "must be a number in (0, 1] (the share of each head's dims that RoPE rotates)")
+        value = self.initializer_range
+        _require("initializer_range", value, _is_finite_number(value) and value >= 0, "must be a finite number >= 0")
+        for name in BOOLS:
+            _require(name, getattr(self, name), isinstance(getattr(self, name), bool), "must be true or false")
+        _require("hidden_act", self.hidden_act, self.hidden_act in HIDDEN_ACTS,
+                 f"allowed: {', '.join(HIDDEN_ACTS)} (the experts are SwiGLU)")
+        _require("mask_token_id", self.mask_token_id, _is_int(self.mask_token_id) and self.mask_token_id >= 0,
+                 "must be a token id (an integer >= 0)")
+        for name in OPTIONAL_TOKEN_IDS:
+            value = getattr(self, name)
+            _require(name, value, value is None or (_is_int(value) and value >= 0),
+                     "must be a token id (an integer >= 0) or null")
+        eos = self.eos_token_id
+        ids = eos if isinstance(eos, list) else [eos]
+        _require("eos_token_id", eos, eos is None or all(_is_int(i) and i >= 0 for i in ids),
+                 "must be a token id (an integer >= 0), a list of them, or null")
+
     def validate_llada2(self) -> None:
         """Reject shapes the router or attention cannot run, naming the field at fault."""
+        for name in ("head_dim", "rotary_dim"):
+            _require(name, getattr(self, name), _is_int(getattr(self, name)) and getattr(self, name) > 0,
+                     "must be a positive integer")
+        if self.num_experts_per_tok > self.num_experts:
+            raise ValueError(
+                f"num_experts_per_tok={self.num_experts_per_tok} exceeds num_experts={self.num_experts}: a token "
+                "cannot be routed to more experts than exist"
+            )
         if self.num_experts % self.n_group != 0:
             raise ValueError(
                 f"n_group={self.n_group} must divide num_experts={self.num_experts} (experts are split into "
@@ -129,10 +194,6 @@ class OledLLaDA2Config(PreTrainedConfig):
             raise ValueError(
                 f"score_function={self.score_function!r} is unknown; allowed: {', '.join(SCORE_FUNCTIONS)}"
             )
-        if self.num_experts_per_tok > self.num_experts:
-            raise ValueError(
-                f"num_experts_per_tok={self.num_experts_per_tok} exceeds num_experts={self.num_experts}"
-            )
 
     @property
     def num_moe_layers(self) -> int:
@@ -140,6 +201,20 @@ class OledLLaDA2Config(PreTrainedConfig):
 
     def is_moe_layer(self, layer_idx: int) -> bool:
         return self.num_experts > 0 and layer_idx >= self.first_k_dense_replace
+
+
+def _require(name: str, value, ok: bool, allowed: str) -> None:
+    if not ok:
+        raise ValueError(f"{name}={value!r} is invalid: {allowed}")
+
+
+def _is_int(value) -> bool:
+    """An integer that is not a bool (``num_experts: true`` in a config is a mistake, not 1)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_finite_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 __all__ = ["OledLLaDA2Config"]
