@@ -82,7 +82,11 @@ def test_training_executors_match_resident(tokenizer):
         set_executor(model, executor)
         with torch.no_grad():
             outs.append(model(input_ids=x, block_length=8).logits)
-    assert torch.equal(outs[0], outs[1])
+    # The grouped resident kernel fuses gate and up into one GEMM (N = 2I); the loop runs two.
+    # Both are fp32 matmuls of the same products, but the BLAS blocking (and so the summation
+    # order) depends on N and on the CPU's ISA: equal on AVX2, a few ulps apart on AVX-512.
+    # Bit-identity holds only where both sides run the same kernel (resident vs offloaded).
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=1e-5)
     torch.testing.assert_close(outs[0], outs[2], rtol=0, atol=1e-5)
     if training_executor() is RESIDENT_EXECUTOR:  # gradients agree too, per expert and through the banks
         set_executor(model, LoopTrainingExecutor())
