@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 import sys
 
+from ..serve.guard import is_loopback
 from .common import add_model_arguments, resolve_model, served_model_name, standalone
 
 API_KEY_ENV = "OLED_MOE_API_KEY"
@@ -33,6 +33,11 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="requests allowed to wait for the model; more are answered 429 at once")
     p.add_argument("--insecure", action="store_true",
                    help="allow a non-loopback --host without --api-key")
+    p.add_argument("--allowed-hosts", type=split_hosts, default=[], metavar="NAMES",
+                   help="comma-separated extra names accepted in the Host header, e.g. 'gpu.lan,.example.com' "
+                        "('.example.com': that domain and its subdomains; '*': any). By default only localhost, "
+                        "*.localhost, loopback addresses and --host itself are, which stops DNS-rebinding pages; "
+                        "a keyed server on a public --host checks Host only when this is given")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level")
     add_limit_arguments(p)
@@ -68,22 +73,21 @@ def limits_from(args: argparse.Namespace):
                   request_timeout=args.request_timeout or None)
 
 
-def is_loopback(host: str) -> bool:
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:  # a host name: it may resolve to any interface
-        return False
+def split_hosts(value: str) -> list[str]:
+    """``--allowed-hosts a,b`` -> ``["a", "b"]`` (blank entries dropped)."""
+    return [name.strip() for name in value.split(",") if name.strip()]
 
 
 def check_options(args: argparse.Namespace) -> str | None:
     """Why these options must not start a server, or None."""
-    from ..serve.guard import api_key_problem
+    from ..serve.guard import allowed_hosts_problem, api_key_problem
 
     key_problem = api_key_problem(args.api_key)
     if key_problem:
         return f"{key_problem} (it may come from ${API_KEY_ENV})"
+    hosts_problem = allowed_hosts_problem(args.allowed_hosts)
+    if hosts_problem:
+        return hosts_problem
     if not is_loopback(args.host) and not args.api_key and not args.insecure:
         return (f"refusing to listen on {args.host} without --api-key: anyone who can reach this address could "
                 "use the model. Pass --api-key KEY (clients then send 'Authorization: Bearer KEY'), bind to "
@@ -138,7 +142,8 @@ def serve(args: argparse.Namespace) -> int:
     limits = limits_from(args)
     engine = Engine(model, tokenizer, max_queue=args.max_queue, default_max_tokens=args.default_max_tokens,
                     block_length=args.block_length, threshold=args.threshold, request_timeout=limits.request_timeout)
-    app = create_app(engine, name, api_key=args.api_key, limits=limits)
+    app = create_app(engine, name, api_key=args.api_key, limits=limits, host=args.host,
+                     allowed_hosts=args.allowed_hosts)
     warning = insecure_warning(args)
     if warning:
         print(warning, file=sys.stderr, flush=True)

@@ -6,7 +6,10 @@ on an asyncio queue. A streamed answer starts only once decoding has begun, so a
 ``generate`` refuses still gets a plain 400; after that the client receives one SSE chunk per
 completed diffusion block. A client that leaves (while queued, waiting for a whole answer, or
 mid-stream) is noticed at once: a queued request gives up its place, a running one stops after the
-current diffusion iteration. Body size, read time and connections are bounded by :mod:`.guard`.
+current diffusion iteration. Body size, read time and connections are bounded by :mod:`.guard`,
+which also refuses what a web page could send behind the user's back (a foreign ``Host``, a body
+that is not ``application/json``). No CORS headers are ever sent, so no other origin can read an
+answer.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import torch
@@ -27,9 +30,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .engine import Engine, GenerationRequest, QueueFull
-from .guard import Guard, Limits, api_key_problem
+from .guard import Guard, Limits, allowed_hosts_problem, api_key_problem, host_policy
 from .metrics import offload_figures
-from .protocol import APIError, GenerationOptions, parse_chat, parse_completion, parse_json, resolve_max_tokens
+from .protocol import APIError, GenerationOptions, clip, parse_chat, parse_completion, parse_json, resolve_max_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -40,9 +43,13 @@ def _error_response(err: APIError) -> JSONResponse:
 
 
 def create_app(engine: Engine, served_model_name: str, api_key: str | None = None,
-               limits: Limits | None = None) -> FastAPI:
-    """The app; ``api_key`` (when given) guards /v1, /metrics and /openapi.json; /health stays open."""
-    problem = api_key_problem(api_key)
+               limits: Limits | None = None, host: str = "127.0.0.1", allowed_hosts: Sequence[str] = ()) -> FastAPI:
+    """The app; ``api_key`` (when given) guards /v1, /metrics and /openapi.json; /health stays open.
+
+    ``host`` is the address the server is bound to and ``allowed_hosts`` the extra ``Host`` names it
+    answers (``--allowed-hosts``); together they set the DNS-rebinding guard (:func:`.guard.host_policy`).
+    """
+    problem = api_key_problem(api_key) or allowed_hosts_problem(allowed_hosts)
     if problem:
         raise ValueError(problem)
     limits = limits or Limits()
@@ -54,7 +61,7 @@ def create_app(engine: Engine, served_model_name: str, api_key: str | None = Non
         yield
 
     app = FastAPI(title="oled-hf", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(Guard, metrics=engine.metrics, limits=limits)
+    app.add_middleware(Guard, metrics=engine.metrics, limits=limits, hosts=host_policy(host, api_key, allowed_hosts))
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, err: APIError):
@@ -63,7 +70,7 @@ def create_app(engine: Engine, served_model_name: str, api_key: str | None = Non
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, err: StarletteHTTPException):
         code = {404: "not_found", 405: "method_not_allowed"}.get(err.status_code)
-        return _error_response(APIError(err.status_code, f"{request.method} {request.url.path}: {err.detail}",
+        return _error_response(APIError(err.status_code, f"{request.method} {clip(request.url.path)}: {err.detail}",
                                         code=code))
 
     def authorize(request: Request) -> None:
@@ -77,7 +84,7 @@ def create_app(engine: Engine, served_model_name: str, api_key: str | None = Non
 
     def check_model(name: str | None) -> None:
         if name is not None and name != served_model_name:
-            raise APIError(404, f"the model '{name}' does not exist; this server serves '{served_model_name}'",
+            raise APIError(404, f"the model '{clip(name)}' does not exist; this server serves '{served_model_name}'",
                            param="model", code="model_not_found")
 
     def model_card() -> dict[str, Any]:
@@ -88,6 +95,8 @@ def create_app(engine: Engine, served_model_name: str, api_key: str | None = Non
         body = {"status": "ok" if engine.alive else "stopped", "model": served_model_name,
                 "queue_depth": engine.queue_depth, "running": engine.running}
         return JSONResponse(body, status_code=200 if engine.alive else 503)
+
+    app.head("/health", include_in_schema=False)(health)  # load balancers' and monitors' probe (no body)
 
     @app.get("/metrics")
     async def metrics(request: Request):

@@ -2,7 +2,11 @@
 
 * :class:`Limits` holds every bound in one place (the CLI fills it; the README lists the defaults).
 * :class:`Guard` is pure ASGI middleware (it never buffers a response, so SSE still streams). It
-  reads a POST body itself, counting bytes: an announced ``Content-Length`` over the limit is
+  first refuses requests a web page could make behind the user's back: a ``Host`` header that is
+  not a name the server answers to (421; see :class:`HostPolicy`) and a POST body that is not
+  ``application/json`` (415: a browser sends ``text/plain``, form or multipart bodies cross-origin
+  without a CORS preflight, and this server answers no preflight). Then it reads a POST body
+  itself, counting bytes: an announced ``Content-Length`` over the limit is
   answered 413 before a byte is read, a chunked body is cut off at the limit, and a body that
   trickles in slower than ``read_timeout`` is answered 408. It turns any exception that escapes
   the app into an OpenAI-style 500 without closing the connection, and counts requests for
@@ -16,13 +20,15 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .protocol import APIError
+from .protocol import APIError, clip
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +87,158 @@ def api_key_problem(key: str | None) -> str | None:
     return None
 
 
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` (a ``--host`` value) listens on this machine only."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to any interface
+        return False
+
+
+WILDCARD_BINDS = ("0.0.0.0", "::", "")
+_HOST_NAME = re.compile(r"[a-z0-9_.-]+")  # after lowercasing; IPv6 literals come bracketed
+
+
+def host_name(header: str) -> str | None:
+    """The name in a ``Host`` header (lowercase, port and brackets removed, no trailing dot); None if malformed."""
+    header = header.strip().lower()
+    if header.startswith("["):  # [::1]:8000
+        name, sep, rest = header[1:].partition("]")
+        if not sep or (rest and not (rest.startswith(":") and rest[1:].isdigit())):
+            return None
+        try:
+            ipaddress.IPv6Address(name)
+        except ValueError:
+            return None
+        return name
+    name, sep, port = header.rpartition(":")
+    if not sep:
+        name = header
+    elif not port.isdigit():
+        return None
+    name = name.rstrip(".") if name not in (".", "") else name
+    return name if _HOST_NAME.fullmatch(name) else None
+
+
+def _ip(name: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(name)
+    except ValueError:
+        return None
+
+
+def allowed_hosts_problem(entries: Sequence[str]) -> str | None:
+    """Why these ``--allowed-hosts`` entries cannot work, or None: names (``gpu.lan``), IP addresses,
+    ``.example.com`` (that domain and its subdomains, as Django spells it) or ``*`` (any Host)."""
+    for entry in entries:
+        bare = entry.strip().lower()
+        if bare == "*":
+            continue
+        name = bare[1:] if bare.startswith(".") else bare
+        if not name or (host_name(name) != name.strip("[]") and _ip(name.strip("[]")) is None):
+            return (f"--allowed-hosts entry {entry!r} is invalid: give host names or IP addresses without a port "
+                    "or scheme (gpu.lan, 10.0.0.5, .example.com for a domain and its subdomains, * for any)")
+    return None
+
+
+@dataclass(frozen=True)
+class HostPolicy:
+    """Which ``Host`` header values the server answers: the guard against DNS rebinding.
+
+    A page on ``evil.example`` whose DNS answer is switched to 127.0.0.1 becomes same-origin with a
+    loopback server, so it could run the model and read the answers; its requests still carry
+    ``Host: evil.example``. Names the attacker cannot control are allowed: ``localhost`` and
+    ``*.localhost`` (browsers resolve those to loopback themselves), loopback IP addresses, the
+    address the server is bound to (any IP address when bound to all interfaces: an IP literal
+    cannot be rebound), and what ``--allowed-hosts`` adds. A request without ``Host`` (HTTP/1.0)
+    passes: no browser sends one.
+    """
+
+    bound: str = "127.0.0.1"
+    extra: tuple[str, ...] = ()
+
+    def allows(self, name: str) -> bool:
+        if name == "localhost" or name.endswith(".localhost") or name == self.bound.strip("[]").lower():
+            return True
+        ip = _ip(name)
+        if ip is not None and (ip.is_loopback or self.bound in WILDCARD_BINDS):
+            return True
+        for entry in self.extra:
+            entry = entry.strip().lower().strip("[]")
+            if entry == "*" or name == entry or (entry.startswith(".") and (name == entry[1:]
+                                                                           or name.endswith(entry))):
+                return True
+        return False
+
+    def problem(self, header: bytes | None) -> APIError | None:
+        """The refusal for this ``Host`` header, or None when the server answers it."""
+        if header is None:
+            return None
+        text = header.decode("latin-1")
+        name = host_name(text)
+        if name is None:
+            return APIError(400, f"the Host header {clip(text)!r} is malformed: expected a host name or IP address, "
+                                 "optionally with ':port'", code="invalid_host")
+        if self.allows(name):
+            return None
+        bound = (", any IP address" if self.bound in WILDCARD_BINDS
+                 else "" if is_loopback(self.bound) else f", {self.bound}")
+        extra = f", {', '.join(self.extra)}" if self.extra else ""
+        return APIError(421, f"the Host header names {clip(name)!r}, which this server does not answer to (it "
+                             f"answers localhost, *.localhost and loopback addresses{bound}{extra}): a web page "
+                             "reaching a local server under a foreign name is refused (DNS-rebinding guard). Start "
+                             "the server with --allowed-hosts NAME to allow a name", code="invalid_host")
+
+
+def host_policy(bind: str, api_key: str | None, allowed_hosts: Sequence[str] = ()) -> HostPolicy | None:
+    """The Host check for a server bound to ``bind``, or None when none applies.
+
+    It applies to every server without an API key, and to a keyed one bound to loopback (where
+    clients use loopback names anyway). A keyed server on a public address is reached under
+    whatever names the machine has, and the key already stops a rebinding page (which cannot know
+    it, and cannot send an ``Authorization`` header cross-origin without a preflight this server
+    never approves): there the check applies only when ``--allowed-hosts`` is given. ``*`` turns it off.
+    """
+    extra = tuple(allowed_hosts)
+    if "*" in (e.strip() for e in extra) or (api_key and not is_loopback(bind) and not extra):
+        return None
+    return HostPolicy(bound=bind.strip("[]").lower(), extra=extra)
+
+
+JSON_MEDIA_TYPE = "application/json"
+
+
+def content_type_problem(values: list[bytes]) -> APIError | None:
+    """The 415 for a request body whose ``Content-Type`` is not JSON, or None.
+
+    Only ``application/json`` (optionally ``; charset=utf-8``) is read: the types a browser sends
+    cross-origin without a CORS preflight (``text/plain``, forms, multipart) are exactly the ones
+    a hostile page would use. FastAPI refuses them for its own JSON bodies for the same reason.
+    """
+    allowed = f"this server accepts only '{JSON_MEDIA_TYPE}' request bodies (send 'Content-Type: {JSON_MEDIA_TYPE}')"
+    if not values:
+        return _unsupported(f"the request has no Content-Type header: {allowed}")
+    if len(values) > 1:
+        return _unsupported(f"the request has {len(values)} Content-Type headers: send one; {allowed}")
+    text = values[0].decode("latin-1")
+    media, _, params = text.partition(";")
+    if media.strip().lower() != JSON_MEDIA_TYPE:
+        return _unsupported(f"Content-Type {clip(text)!r} is not accepted: {allowed}")
+    for param in params.split(";"):
+        key, _, value = param.partition("=")
+        charset = value.strip().strip('"').lower()
+        if key.strip().lower() == "charset" and charset not in ("utf-8", "utf8"):
+            return _unsupported(f"Content-Type {clip(text)!r} is not accepted: JSON bodies must be UTF-8 "
+                                "('charset=utf-8' or no charset)")
+    return None
+
+
+def _unsupported(message: str) -> APIError:
+    return APIError(415, message, code="unsupported_media_type")
+
+
 class _BodyTooLarge(APIError):
     def __init__(self, limit: int, seen: str):
         super().__init__(413, f"the request body is {seen}, more than this server's limit of {limit} bytes "
@@ -97,10 +255,11 @@ async def _send_error(send, err: APIError, close: bool = False) -> None:
 
 
 class Guard:
-    """Body limit, body read deadline, error objects for escaped exceptions, request counts."""
+    """Host and content-type checks, body limit, body read deadline, error objects for escaped
+    exceptions, request counts. ``hosts`` None: no Host check."""
 
-    def __init__(self, app, metrics, limits: Limits):
-        self.app, self.metrics, self.limits = app, metrics, limits
+    def __init__(self, app, metrics, limits: Limits, hosts: HostPolicy | None = None):
+        self.app, self.metrics, self.limits, self.hosts = app, metrics, limits, hosts
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -114,6 +273,9 @@ class Guard:
             await send(message)
 
         try:
+            refusal = self._refusal(scope)
+            if refusal is not None:  # the body (if any) is left unread: the connection closes
+                return await _send_error(send_and_note, refusal, close=True)
             if scope["method"] in BODY_METHODS:
                 try:
                     receive = await self._read_body(scope, receive)
@@ -130,6 +292,19 @@ class Guard:
                                                           type="server_error", code="internal_error"))
         finally:
             self.metrics.count_request(scope["path"], status or 500)
+
+    def _refusal(self, scope) -> APIError | None:
+        """A request a web page could have sent behind the user's back (foreign Host, non-JSON body), or None."""
+        headers = scope["headers"]
+        if self.hosts is not None:
+            hosts = [v for k, v in headers if k == b"host"]
+            problem = (APIError(400, "the request has several Host headers: send one", code="invalid_host")
+                       if len(hosts) > 1 else self.hosts.problem(hosts[0] if hosts else None))
+            if problem is not None:
+                return problem
+        if scope["method"] in BODY_METHODS:
+            return content_type_problem([v for k, v in headers if k == b"content-type"])
+        return None
 
     async def _read_body(self, scope, receive):
         """The whole body, read under the size and time limits, replayed to the app as one message."""

@@ -97,7 +97,7 @@ def test_errors_raised_by_generate(http, engine, monkeypatch):
 
 def test_server_keeps_serving_after_errors(http):
     for _ in range(2):
-        http.post(CHAT, content=b"][")
+        http.post(CHAT, content=b"][", headers={"content-type": "application/json"})
         http.post(CHAT, json={**GOOD, "max_tokens": 0})
     r = http.post(CHAT, json=GOOD)
     assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] in ("stop", "length")

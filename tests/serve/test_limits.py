@@ -65,7 +65,7 @@ def _healthy(url: str) -> None:
 # ---- 2: the body limit ----------------------------------------------------------------------------
 def test_announced_body_over_the_limit_is_413_before_it_is_read(limited):
     with _connect(limited.port) as s:
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                   b"Content-Length: 20000000\r\n\r\n")  # and never send the 20 MB
         start = time.monotonic()
         status, body = _response(s)
@@ -93,7 +93,7 @@ def test_chunked_body_is_cut_off_at_the_limit(engine):
     async def send(message):
         sent.append(message)
 
-    scope = {"type": "http", "method": "POST", "path": CHAT, "headers": []}
+    scope = {"type": "http", "method": "POST", "path": CHAT, "headers": [(b"content-type", b"application/json")]}
     asyncio.run(Guard(app, engine.metrics, Limits(max_body_bytes=4096))(scope, receive, send))
     assert sent[0]["status"] == 413 and (b"connection", b"close") in sent[0]["headers"]
     assert json.loads(sent[1]["body"])["error"]["code"] == "request_too_large"
@@ -102,7 +102,8 @@ def test_chunked_body_is_cut_off_at_the_limit(engine):
 
 def test_body_that_trickles_in_is_408(limited):
     with _connect(limited.port) as s:
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pro")
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 100\r\n\r\n{\"pro")
         status, body = _response(s)
     assert status == 408 and body["error"]["code"] == "request_timeout"
     _healthy(limited.url)
@@ -111,14 +112,14 @@ def test_body_that_trickles_in_is_408(limited):
 # ---- 4: idle and slow connections, the connection limit -------------------------------------------
 def test_idle_and_slow_header_connections_are_closed(limited):
     idle, slow = _connect(limited.port), _connect(limited.port)
-    slow.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # headers never finished
+    slow.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # headers never finished
     try:
         assert _closed_within(idle, 3) and _closed_within(slow, 3)
     finally:
         idle.close()
         slow.close()
     with _connect(limited.port) as kept:  # after a response, keep-alive closes it too
-        kept.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        kept.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         assert _response(kept)[0] == 200
         assert _closed_within(kept, 3)
 
@@ -159,7 +160,7 @@ def _wait(condition, seconds: float) -> bool:
 def _post_raw(port: int, body: dict) -> socket.socket:
     raw = json.dumps(body).encode()
     s = _connect(port)
-    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
               b"Content-Length: %d\r\n\r\n%s" % (len(raw), raw))
     return s
 
