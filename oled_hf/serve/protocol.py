@@ -3,9 +3,11 @@
 Validation is by hand rather than through pydantic models so that each message names the field
 (``param``) the way OpenAI's own errors do, and so that wrong types (``"max_tokens": "5"``,
 ``true`` for an integer) are refused instead of coerced. Fields the server cannot honour in a way
-that changes the answer (``n > 1``, several prompts, ``logprobs``, tools) are refused; harmless
-unknown fields (``user``, ``metadata``, penalties...) are ignored, as most OpenAI-compatible
-servers do.
+that changes the answer (``n > 1``, several prompts, ``logprobs``, tools, ``tool_choice:
+"required"``, ``function_call``, ``response_format`` other than text, a non-zero ``logit_bias``)
+are refused, naming the field; their neutral values (``"none"``/``"auto"``, ``{"type": "text"}``,
+``{}``) are accepted. Harmless unknown fields (``user``, ``metadata``, penalties...) are ignored,
+as most OpenAI-compatible servers do.
 """
 
 from __future__ import annotations
@@ -22,6 +24,15 @@ SEED_RANGE = (-(2**63), 2**63 - 1)  # OpenAI: a 64-bit signed integer
 # sampling cannot be computed; vLLM clamps to the same floor. 0 still means greedy.
 MIN_TEMPERATURE = 1e-2
 MAX_TEMPERATURE = 2.0
+# Python's default limit on int <-> str conversion (sys.int_info.default_max_str_digits): past it
+# int() raises, and below it the conversion is quadratic, so longer integer literals are refused.
+MAX_INT_DIGITS = 4300
+CLIP = 64  # characters of a client's value echoed in an error message
+
+
+def clip(text: str, limit: int = CLIP) -> str:
+    """``text`` cut to ``limit`` characters (an error must not echo a 100k-character name back)."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 class APIError(Exception):
@@ -66,48 +77,71 @@ class CompletionRequest(GenerationOptions):
     prompt: str | list[int] = ""
 
 
+class _LongInt:
+    """An integer literal of more than MAX_INT_DIGITS digits, kept unconverted so the walk can name its field."""
+
+    def __init__(self, digits: int):
+        self.digits = digits
+
+
+def _parse_int(text: str) -> int | _LongInt:
+    digits = len(text) - text.startswith("-")
+    return _LongInt(digits) if digits > MAX_INT_DIGITS else int(text)
+
+
 def parse_json(raw: bytes) -> dict[str, Any]:
     """Decode a request body; refuse what ``json`` accepts but nothing downstream can handle.
 
-    Python's ``json`` raises RecursionError on deep nesting (``[`` x 100000), and it decodes
-    ``"\\ud800"`` into a lone surrogate that cannot be encoded again (tokenizers and even the
-    error answer would fail on it): both are the client's error, so both are a 400 here.
+    Python's ``json`` raises RecursionError on deep nesting (``[`` x 100000), ValueError on an
+    integer of more than 4300 digits (in any field, even ``user``), and it decodes ``"\\ud800"``
+    into a lone surrogate that cannot be encoded again (tokenizers and even the error answer
+    would fail on it): all are the client's error, so all are a 400 here, naming the field.
     """
     try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise bad(f"the request body is not valid JSON ({err})", code="invalid_json") from None
+        body = json.loads(raw, parse_int=_parse_int)
     except RecursionError:
         raise bad("the request body is nested too deeply to parse (JSON arrays/objects nested about 1000 levels "
                   "or more)", code="invalid_json") from None
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError, or int() under a lower interpreter limit
+        raise bad(f"the request body is not valid JSON ({clip(str(err), 200)})", code="invalid_json") from None
+    problem = _unusable_value(body)
+    if problem is not None:
+        where, message, code = problem
+        raise bad(message, param=where or None, code=code)
     if not isinstance(body, dict):
         raise bad(f"the request body must be a JSON object, got {type(body).__name__}", code="invalid_json")
-    where = _lone_surrogate(body)
-    if where is not None:
-        raise bad(f"{where or 'the request body'} contains a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff "
-                  "escape): strings must be valid Unicode", param=where or None, code="invalid_json")
     return body
 
 
-def _lone_surrogate(body: Any) -> str | None:
-    """The path (``messages[0].content``) of the first string, or key, that is not valid Unicode; else None.
+def _unusable_value(body: Any) -> tuple[str, str, str] | None:
+    """(path, message, code) for the first value no handler can use, else None.
 
-    Iterative, so that the deepest body ``json`` can parse cannot overflow the stack here.
+    Such values are a string or key that is not valid Unicode, and an integer too long to convert;
+    the path reads like ``messages[0].content``. Iterative, so that the deepest body ``json`` can
+    parse cannot overflow the stack here.
     """
     stack: list[tuple[str, Any]] = [("", body)]
     while stack:
         path, value = stack.pop()
-        if isinstance(value, str):
-            if not _encodable(value):
-                return path
-        elif isinstance(value, dict):
+        if isinstance(value, _LongInt):
+            where = f"'{path}'" if path else "the request body"
+            return path, (f"{where} is an integer of {value.digits} digits: this server accepts integers of at "
+                          f"most {MAX_INT_DIGITS} digits"), "invalid_value"
+        if isinstance(value, str) and not _encodable(value):
+            return _surrogate(path)
+        if isinstance(value, dict):
             for key, item in value.items():
                 if not _encodable(key):
-                    return path or key.encode("utf-8", "backslashreplace").decode()
+                    return _surrogate(path or clip(key.encode("utf-8", "backslashreplace").decode()))
                 stack.append((f"{path}.{key}" if path else key, item))
         elif isinstance(value, list):
             stack.extend((f"{path}[{i}]", item) for i, item in enumerate(value))
     return None
+
+
+def _surrogate(path: str) -> tuple[str, str, str]:
+    return path, (f"{path or 'the request body'} contains a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff "
+                  "escape): strings must be valid Unicode"), "invalid_json"
 
 
 def _encodable(text: str) -> bool:
@@ -188,6 +222,24 @@ def _refuse_unsupported(body: dict) -> None:
         if body.get(name):
             raise bad(f"'{name}' is not supported by this server (no tool calling)", param=name,
                       code="unsupported_parameter")
+    for name in ("tool_choice", "function_call"):  # without tools, "none" and "auto" both mean: answer in text
+        value = body.get(name)
+        if value is not None and value not in ("none", "auto"):
+            raise bad(f"'{name}' {_shown(value)} is not supported by this server (no tool calling): only \"none\" or "
+                      "\"auto\" are accepted", param=name, code="unsupported_value")
+    fmt = body.get("response_format")
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        raise bad(f"'response_format' {_shown(fmt)} is not supported by this server (no JSON mode or schemas): only "
+                  "{\"type\": \"text\"} is accepted", param="response_format", code="unsupported_value")
+    bias = body.get("logit_bias")
+    if bias is not None and not (isinstance(bias, dict) and all(_is_number(v) and v == 0 for v in bias.values())):
+        raise bad("'logit_bias' is not supported by this server: only an empty map (or all-zero biases) is accepted",
+                  param="logit_bias", code="unsupported_parameter")
+
+
+def _shown(value: Any) -> str:
+    """A client's value as JSON, clipped, for an error message."""
+    return clip(json.dumps(value, ensure_ascii=False))
 
 
 def _options(body: dict, out: GenerationOptions) -> None:
