@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Iterator
+from typing import TextIO
 
 from .common import add_model_arguments, resolve_model, standalone
 
@@ -130,14 +132,40 @@ def cpu_share(model, total: dict) -> float:
 
 def _lines(interactive: bool):
     if not interactive:
-        yield from sys.stdin
+        yield from piped_lines(sys.stdin, sys.stderr)
         return
     while True:
         try:
             yield input(PROMPT)
+        except UnicodeDecodeError as err:  # the terminal sent bytes its encoding cannot decode
+            print(f"error: {undecodable(err)}; the line was skipped", file=sys.stderr, flush=True)
         except (EOFError, KeyboardInterrupt):
             print(file=sys.stderr)
             return
+
+
+def piped_lines(stdin: TextIO, stderr: TextIO) -> Iterator[str]:
+    """The lines of piped input; one that is not text in stdin's encoding is reported and skipped.
+
+    One stray byte (a binary file, a Latin-1 export) used to end the whole scripted session with a
+    traceback; a line is decoded on its own so that only that line is lost, and it is not sent to
+    the model as replacement characters the user never typed.
+    """
+    raw = getattr(stdin, "buffer", None)
+    if raw is None:  # already text (a StringIO)
+        yield from stdin
+        return
+    encoding = stdin.encoding or "utf-8"
+    for number, line in enumerate(raw, 1):
+        try:
+            yield line.decode(encoding)
+        except UnicodeDecodeError as err:
+            print(f"error: input line {number}: {undecodable(err)}; the line was skipped", file=stderr, flush=True)
+
+
+def undecodable(err: UnicodeDecodeError) -> str:
+    """``not valid utf-8 text (byte 0xff at position 3)``: what one-line message shows of a decode error."""
+    return f"not valid {err.encoding} text (byte 0x{err.object[err.start]:02x} at position {err.start})"
 
 
 def chat(args: argparse.Namespace) -> int:

@@ -95,3 +95,28 @@ def test_chat_with_the_default_toy_answers_every_message():
              for q in ("What is 123+456?", "What is 200+300?")]
     assert proc.stdout.splitlines() == alone and all(alone)  # the second reply is not empty
     # (a checkpoint that does not declare it keeps the history: test_session_keeps_the_conversation)
+
+
+def test_invalid_utf8_on_stdin_skips_that_line(tiny_path, tiny_model, tiny_tokenizer):
+    """Issue 23 item 10: one stray byte used to end a piped session with a UnicodeDecodeError traceback."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONIOENCODING": "utf-8"}
+    proc = subprocess.run([sys.executable, "-m", "oled_hf.cli.chat", "--model", str(tiny_path), *ARGS],
+                          input=b"/clear\nca\xffb\n/clear\nbye\n", capture_output=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr.decode()
+    after = _greedy_reply(tiny_model, tiny_tokenizer, [{"role": "user", "content": "bye"}])
+    assert proc.stdout.decode() == "(conversation cleared)\n(conversation cleared)\n" + after + "\n"
+    assert ("error: input line 2: not valid utf-8 text (byte 0xff at position 2); the line was skipped"
+            in proc.stderr.decode())
+    assert "Traceback" not in proc.stderr.decode()
+
+
+def test_piped_lines_decode_each_line_on_its_own():
+    from oled_hf.cli.chat import piped_lines
+
+    stdin = io.TextIOWrapper(io.BytesIO("héllo\n".encode() + b"\xff\xfe\nok\n"), encoding="utf-8")
+    err = io.StringIO()
+    assert list(piped_lines(stdin, err)) == ["héllo\n", "ok\n"]
+    assert err.getvalue() == ("error: input line 2: not valid utf-8 text (byte 0xff at position 0); the line was "
+                              "skipped\n")
+    assert list(piped_lines(io.StringIO("a\nb"), err)) == ["a\n", "b"]  # already text: passed through
