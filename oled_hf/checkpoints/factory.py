@@ -15,11 +15,13 @@ from transformers import GenerationConfig
 
 from ..modeling import OledLLaDA2Config, OledLLaDA2ForDiffusionLM
 from .families import decoding_defaults
+from .output_folder import check_output_folder, detach_links
 from .presets import SHARD_SIZE, preset_config_kwargs
 from .tokenizer import build_tokenizer, special_token_ids
 
 GENERATION_DEFAULTS = dict(block_length=32, threshold=0.95, steps=32, max_new_tokens=64, do_sample=False,
                            eos_early_stop=True)
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 def make_config(preset: str = "tiny", **overrides) -> OledLLaDA2Config:
@@ -66,16 +68,26 @@ def make_checkpoint(
     seed: int = 0,
     dtype: str = "float32",
     family: str = "llada2.0",
+    overwrite: bool = False,
     **overrides,
 ) -> Path:
-    """Write a checkpoint folder and return its path; ``family="llada2.1"`` writes 2.1 decoding defaults."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    """Write a checkpoint folder and return its path; ``family="llada2.1"`` writes 2.1 decoding defaults.
+
+    ``out_dir`` must be new or empty unless ``overwrite=True``: the save deletes the folder's other
+    ``model-*.safetensors`` shards. With ``overwrite``, symlinks and hard links among the folder's
+    checkpoint files are removed first, so the files they point to (another checkpoint's) are kept.
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not allowed; allowed: {', '.join(DTYPES)}")
     config = make_config(preset, **overrides)
+    decoding = decoding_defaults(family)
+    out = check_output_folder(out_dir, overwrite=overwrite)
+    out.mkdir(parents=True, exist_ok=True)
+    detach_links(out)
     torch_dtype = getattr(torch, dtype)
     model = random_model(config, seed=seed, dtype=torch_dtype)
     model.config.dtype = torch_dtype
-    model.generation_config = generation_config_for(config, **decoding_defaults(family))
+    model.generation_config = generation_config_for(config, **decoding)
     model.save_pretrained(out, max_shard_size=SHARD_SIZE.get(preset, "100MB"))
     build_tokenizer(out, config.vocab_size, seed=seed)
     return out

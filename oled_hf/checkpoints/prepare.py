@@ -4,6 +4,11 @@ OUT gets a ``config.json`` naming our classes (every official field kept), the m
 a ``generation_config.json`` with block-diffusion defaults (LLaDA2.1 folders, recognised by name
 or given ``family="llada2.1"``, get the 2.1 editing preset), and *symlinks* to SRC's weight shards
 and tokenizer files: a 16B checkpoint is never copied.
+
+OUT must lie apart from SRC (neither the same folder nor one inside the other) and be new or
+empty unless ``overwrite=True``: linking SRC's files into SRC itself once turned every shard
+into a symlink to itself. Nothing in SRC is ever written, unlinked or replaced, and every check
+runs before the first write.
 """
 
 from __future__ import annotations
@@ -12,14 +17,16 @@ import json
 import os
 from pathlib import Path
 
-from ..modeling.auto_map import AUTO_MAP, CODE_VERSION, write_model_code
+from ..modeling.auto_map import AUTO_MAP, CODE_FILES, CODE_VERSION, write_model_code
 from ..modeling.configuration_oled_llada2 import OledLLaDA2Config
 from .families import check_family, decoding_defaults, detect_family
+from .output_folder import check_output_folder
 
 LINKED_PATTERNS = ("*.safetensors", "model.safetensors.index.json", "tokenizer*", "special_tokens_map.json",
                    "chat_template.jinja", "vocab*", "merges.txt", "added_tokens.json")
 GENERATION_DEFAULTS = dict(block_length=32, threshold=0.95, steps=32, max_new_tokens=256, do_sample=False,
                            eos_early_stop=True)
+WRITTEN_FILES = ("config.json", "generation_config.json", *CODE_FILES)
 
 
 def _read_source_config(src: Path) -> dict:
@@ -37,31 +44,105 @@ def _read_source_config(src: Path) -> dict:
     return config
 
 
-def prepare_checkpoint(src: str | os.PathLike, out: str | os.PathLike, family: str | None = None) -> Path:
-    """``family`` (``llada2.0`` / ``llada2.1``) overrides the one recognised from SRC's name."""
-    src, out = Path(src).resolve(), Path(out)
+def prepare_checkpoint(src: str | os.PathLike, out: str | os.PathLike, family: str | None = None, *,
+                       overwrite: bool = False) -> Path:
+    """``family`` (``llada2.0`` / ``llada2.1``) overrides the one recognised from SRC's name.
+
+    ``overwrite=True`` lets OUT be a folder that already holds files (a previous ``prepare`` of SRC,
+    say): the names prepare writes are replaced there, links are replaced as links, and nothing they
+    point to is written. OUT inside, around or equal to SRC is refused either way.
+    """
+    src, out = Path(src).resolve(), Path(out).expanduser()
     config = _read_source_config(src)
     family = detect_family(src, config) if family is None else check_family(family)
     config.pop("auto_map", None)
     # Validates every field and fills ours (mask id, etc.) with LLaDA2's defaults.
     ours = OledLLaDA2Config.from_dict(config)
+    check_apart(src, out)
+    linked = linked_files(src)
+    check_output_folder(out, overwrite=overwrite)
+    check_targets(src, out, [*WRITTEN_FILES, *(f.name for f in linked)])
     out.mkdir(parents=True, exist_ok=True)
+    for name in WRITTEN_FILES:
+        _remove_target(out / name)  # so the writes below create files, never write through a link
     serialised = ours.to_dict()
     serialised["architectures"] = ["OledLLaDA2ForDiffusionLM"]
     serialised["auto_map"] = dict(AUTO_MAP)
     serialised["oled_hf_version"] = CODE_VERSION
     (out / "config.json").write_text(json.dumps(serialised, indent=2, sort_keys=True, default=str) + "\n")
     write_model_code(out)
-    linked = []
-    for pattern in LINKED_PATTERNS:
-        for file in sorted(src.glob(pattern)):
-            target = out / file.name
-            if target.is_symlink() or target.exists():
-                target.unlink()
-            target.symlink_to(file)
-            linked.append(file.name)
+    for file in linked:
+        target = out / file.name
+        _remove_target(target)
+        target.symlink_to(file)
     _write_generation_config(src, out, ours, family)
     return out
+
+
+def linked_files(src: Path) -> list[Path]:
+    """SRC's weight and tokenizer files that OUT links to, each once, in a stable order."""
+    found = {file.name: file for pattern in LINKED_PATTERNS for file in sorted(src.glob(pattern))}
+    return [file for name, file in found.items() if name not in WRITTEN_FILES]
+
+
+def _contains(outer: Path, inner: Path) -> bool:
+    """Whether ``inner`` is ``outer`` or lies inside it, by resolved path or (bind mounts, case-folding
+    file systems) by being the same folder on disk."""
+    inner, outer = inner.resolve(), outer.resolve()
+    if inner == outer or outer in inner.parents:
+        return True
+    if not outer.exists():
+        return False
+    return any(p.exists() and os.path.samefile(p, outer) for p in (inner, *inner.parents))
+
+
+def check_apart(src: Path, out: Path) -> None:
+    """A ValueError unless OUT and SRC are separate folders, neither inside the other.
+
+    OUT gets symlinks named as SRC's files: inside SRC they would replace SRC's own files (or
+    point at themselves); around SRC, OUT's config and links sit over the user's tree.
+    """
+    if _contains(src, out) and _contains(out, src):
+        raise ValueError(f"OUT {out} is the same folder as SRC {src}: prepare would replace SRC's weights and "
+                         f"tokenizer with links to themselves; give a new folder outside SRC")
+    if _contains(src, out):
+        raise ValueError(f"OUT {out} is inside SRC {src}; give a new folder outside SRC (prepare never writes "
+                         f"into the checkpoint it links)")
+    if _contains(out, src):
+        raise ValueError(f"SRC {src} is inside OUT {out}; give a new folder that does not contain SRC")
+
+
+def check_targets(src: Path, out: Path, names: list[str]) -> None:
+    """A ValueError if any path prepare would replace in OUT is a folder or one of SRC's files.
+
+    An OUT entry with the inode of a source file is a hard link of it or the source itself seen
+    through another path (a bind mount): the two cannot be told apart, so such a target is refused,
+    never unlinked or written (writing ``config.json`` into a hard link would rewrite SRC's).
+    """
+    if not out.is_dir():
+        return
+    sources = {_file_id(file): file for file in src.iterdir() if file.is_file()}
+    for name in names:
+        target = out / name
+        if target.is_symlink():
+            continue  # replaced as a link; what it points to is never opened
+        if target.is_dir():
+            raise ValueError(f"OUT {out} has a folder {name} where prepare writes a file; move it or give "
+                             f"another OUT")
+        if target.exists() and _file_id(target) in sources:
+            raise ValueError(f"OUT {target} is the same file as SRC's {sources[_file_id(target)].name} (a hard "
+                             f"link): prepare never replaces a source file; remove {target} or give another OUT")
+
+
+def _file_id(path: Path) -> tuple[int, int]:
+    info = path.stat()
+    return info.st_dev, info.st_ino
+
+
+def _remove_target(target: Path) -> None:
+    """Remove OUT's entry of that name (a link, or a file check_targets found not to be a source)."""
+    if target.is_symlink() or target.exists():
+        target.unlink()
 
 
 def _write_generation_config(src: Path, out: Path, config: OledLLaDA2Config, family: str) -> None:
@@ -72,6 +153,5 @@ def _write_generation_config(src: Path, out: Path, config: OledLLaDA2Config, fam
     values.update(eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id,
                   mask_token_id=config.mask_token_id)
     target = out / "generation_config.json"
-    if target.is_symlink():
-        target.unlink()
+    _remove_target(target)
     target.write_text(json.dumps(values, indent=2, sort_keys=True) + "\n")

@@ -16,6 +16,7 @@ from safetensors.torch import save_file
 
 from ..modeling import OledLLaDA2Config, OledLLaDA2ForDiffusionLM
 from ..modeling.auto_map import AUTO_MAP, CODE_VERSION, write_model_code
+from .output_folder import check_output_folder, detach_links
 
 
 def _random_tensor(name: str, shape: torch.Size, dtype: torch.dtype, generator: torch.Generator, std: float):
@@ -28,9 +29,15 @@ def _random_tensor(name: str, shape: torch.Size, dtype: torch.dtype, generator: 
 
 def write_random_checkpoint(out_dir: str | os.PathLike, config: OledLLaDA2Config, *, seed: int = 0,
                             dtype: torch.dtype = torch.bfloat16, shard_bytes: int = 2 << 30,
-                            generation: dict | None = None) -> Path:
-    out = Path(out_dir)
+                            generation: dict | None = None, overwrite: bool = False) -> Path:
+    """Write a random checkpoint of ``config`` to ``out_dir``, which must be new or empty unless ``overwrite``.
+
+    With ``overwrite``, links among the folder's checkpoint files are removed before writing (their
+    targets are kept); other files are replaced by name, and stale shards stay (the index names the new ones).
+    """
+    out = check_output_folder(out_dir, overwrite=overwrite)
     out.mkdir(parents=True, exist_ok=True)
+    detach_links(out)
     with torch.device("meta"):
         meta = OledLLaDA2ForDiffusionLM(config)
     generator = torch.Generator().manual_seed(seed)

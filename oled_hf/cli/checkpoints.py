@@ -21,6 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                   "topk_group", "moe_intermediate_size", "intermediate_size", "vocab_size"):
         p.add_argument(f"--{field.replace('_', '-')}", dest=field, type=int, default=None,
                        help=f"override the preset's {field} (default: the preset's)")
+    add_overwrite_argument(p)
     p.set_defaults(func=make_tiny)
 
     p = sub.add_parser("prepare", help="link an official LLaDA2 checkpoint so it loads as oled-hf classes")
@@ -28,7 +29,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("out", help="output folder (config, model code, symlinks to SRC's weights)")
     p.add_argument("--family", choices=FAMILIES, default=None,
                    help="decoding defaults (default: llada2.1 when SRC's name says LLaDA2.1, else llada2.0)")
+    add_overwrite_argument(p)
     p.set_defaults(func=prepare)
+
+
+def add_overwrite_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into an output folder that already holds files, replacing them "
+                        "(default: refuse a folder that is not empty)")
 
 
 def make_tiny(args: argparse.Namespace) -> int:
@@ -36,7 +44,7 @@ def make_tiny(args: argparse.Namespace) -> int:
 
     overrides = {k: v for k, v in vars(args).items() if k in PRESETS[args.preset] and v is not None}
     out = make_checkpoint(args.out, preset=args.preset, seed=args.seed, dtype=args.dtype, family=args.family,
-                          **overrides)
+                          overwrite=args.overwrite, **overrides)
     print(f"wrote {args.preset} checkpoint ({args.family} decoding) to {out}")
     return 0
 
@@ -44,6 +52,6 @@ def make_tiny(args: argparse.Namespace) -> int:
 def prepare(args: argparse.Namespace) -> int:
     from ..checkpoints.prepare import prepare_checkpoint
 
-    out = prepare_checkpoint(args.src, args.out, family=args.family)
+    out = prepare_checkpoint(args.src, args.out, family=args.family, overwrite=args.overwrite)
     print(f"prepared {out} (weights and tokenizer linked from {args.src})")
     return 0

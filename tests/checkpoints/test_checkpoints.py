@@ -94,7 +94,8 @@ def _official_folder(tiny_path, folder):
     ours = json.loads((tiny_path / "config.json").read_text())
     for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                 "head_dim", "rotary_dim", "intermediate_size", "num_experts", "num_experts_per_tok",
-                "moe_intermediate_size", "n_group", "topk_group", "max_position_embeddings", "pad_token_id"):
+                "moe_intermediate_size", "n_group", "topk_group", "max_position_embeddings", "pad_token_id",
+                "mask_token_id"):  # the official file has no mask id: LLaDA2's default is past a tiny vocab
         official[key] = ours[key]
     official["dtype"] = "float32"
     (folder / "config.json").write_text(json.dumps(official))
