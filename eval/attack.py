@@ -1,13 +1,15 @@
-"""Replay every hostile request of issue 13 against a real ``oled-moe serve``, loopback only, bounded.
+"""Replay the hostile requests of issues 13 and 23 against a real ``oled-moe serve``, loopback only, bounded.
 
 Starts ``python -m oled_hf.cli.serve`` on a free 127.0.0.1 port (a fresh tiny checkpoint unless
 ``--model`` is given; 256 file descriptors, an API key, short read and request timeouts), then runs
 each case while a monitor polls ``/health`` on a new connection every 0.25 s. After every case a
 normal request must still get a 200. Prints one line per case: what came back, whether it was the
 expected answer, the slowest /health answer during the case, and whether the next request was served;
-then the server's RSS and open descriptors. Exit status 0 only if every case passed.
+then the server's RSS and open descriptors. Then the same for issue 23's cases (what a web page
+could send, huge integers, refused fields) against a second server started the default way,
+without a key. Exit status 0 only if every case passed.
 
-    .venv/bin/python eval/attack.py            # about a minute on 2 CPU cores
+    .venv/bin/python eval/attack.py            # one to two minutes on 2 CPU cores
 
 Every socket goes to 127.0.0.1; every wait has a timeout; the server is stopped at the end.
 """
@@ -43,15 +45,17 @@ def _chat(content: str = "hi", max_tokens: int = 8, **extra) -> dict:
 
 
 class Server:
-    """The CLI server in a subprocess, with a /health monitor thread."""
+    """The CLI server in a subprocess, with a /health monitor thread; ``key`` None: the default, key-less server."""
 
-    def __init__(self, model: str, args):
+    def __init__(self, model: str, args, key: str | None = KEY):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
+        self.auth = {"Authorization": f"Bearer {key}"} if key else {}
         cmd = [sys.executable, "-m", "oled_hf.cli.serve", "--model", model, "--host", "127.0.0.1",
-               "--port", str(self.port), "--api-key", KEY, "--block-length", "8", "--default-max-tokens", "8",
+               "--port", str(self.port), *(["--api-key", key] if key else []), "--block-length", "8",
+               "--default-max-tokens", "8",
                "--max-queue", "2", "--read-timeout", str(args.read_timeout), "--request-timeout",
                str(args.request_timeout), "--max-body-bytes", str(args.max_body_bytes), "--log-level", "error"]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -92,9 +96,14 @@ class Server:
         return httpx.get(f"{self.url}/health", timeout=5, trust_env=False).json()
 
     def post(self, path: str, body=None, raw: bytes | None = None, timeout: float = 60) -> httpx.Response:
-        headers = {**AUTH, "content-type": "application/json"}
+        headers = {**self.auth, "content-type": "application/json"}
         content = raw if raw is not None else json.dumps(body).encode()
         return httpx.post(self.url + path, content=content, headers=headers, timeout=timeout, trust_env=False)
+
+    def request(self, method: str, path: str, headers: dict | None = None, **kwargs) -> httpx.Response:
+        """Any request, with exactly these headers (plus the key, if any); httpx adds no Content-Type to bytes."""
+        return httpx.request(method, self.url + path, headers={**self.auth, **(headers or {})}, timeout=60,
+                             trust_env=False, **kwargs)
 
     def connect(self) -> socket.socket:
         return socket.create_connection(("127.0.0.1", self.port), timeout=10)
@@ -102,8 +111,9 @@ class Server:
     def raw_post(self, body: dict) -> socket.socket:
         data = json.dumps(body).encode()
         s = self.connect()
-        s.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: %d\r\n\r\n%s" % (CHAT.encode(), KEY.encode(), len(data), data))
+        s.sendall(b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer %s\r\n"
+                  b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                  % (CHAT.encode(), KEY.encode(), len(data), data))
         return s
 
     def resources(self) -> str:
@@ -158,7 +168,7 @@ def seed_2_64(srv):
 def body_20mb(srv):
     """20 MB announced and actually sent: 413 before the body is read, memory untouched."""
     s, start = srv.connect(), time.monotonic()
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
               b"Content-Length: 20000000\r\n\r\n")
     with s:
         try:
@@ -259,7 +269,7 @@ def idle_flood(srv, count: int = 300):
 def slow_headers(srv, args):
     socks = [srv.connect() for _ in range(20)]
     for s in socks:
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")  # never finished
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # never finished
     start = time.monotonic()
     closed = sum(_closed(s, args.read_timeout + 3) for s in socks)
     for s in socks:
@@ -270,7 +280,8 @@ def slow_headers(srv, args):
 def slow_body(srv):
     s = srv.connect()
     with s:
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pro")
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 100\r\n\r\n{\"pro")
         s.settimeout(30)
         head = s.recv(4096).split(b"\r\n", 1)[0].decode()
     return head, "408" in head
@@ -296,6 +307,102 @@ def unusable_keys(model: str):
     for key in ("   ", ""):
         codes.append(serve.main(["--model", model, "--api-key", key]))
     return f"exit {codes} for '   ' and ''", codes == [2, 2]
+
+
+# ---- issue 23: what a web page could send to the key-less server, and item 10's requests -------------------
+CHAT_BODY = json.dumps(_chat()).encode()
+
+
+def _refused(r: httpx.Response, status: int, code: str, param: str | None = None) -> tuple[str, bool]:
+    try:
+        err = r.json()["error"]
+    except (ValueError, KeyError, TypeError):
+        return f"{r.status_code} NOT AN ERROR OBJECT", False
+    return (f"{r.status_code} {err['code']} param={err['param']}: {err['message'][:70]}",
+            r.status_code == status and err["code"] == code and err["param"] == param)
+
+
+def body_typed(content_type: str | None):
+    """A chat body sent as a browser's simple (preflight-free) request would send it: 415."""
+    def case(srv):
+        headers = {} if content_type is None else {"content-type": content_type}
+        return _refused(srv.request("POST", CHAT, headers, content=CHAT_BODY), 415, "unsupported_media_type")
+    return case
+
+
+def multipart_body(srv):
+    r = srv.request("POST", CHAT, files={"body": ("body.json", CHAT_BODY, "application/json")})
+    return _refused(r, 415, "unsupported_media_type")
+
+
+def foreign_host(host: str):
+    """What a DNS-rebinding page sends: its own name in Host, on a GET and on a POST: 421."""
+    def case(srv):
+        get = srv.request("GET", "/v1/models", {"Host": host})
+        result, ok = _refused(srv.request("POST", CHAT, {"Host": host, "content-type": "application/json"},
+                                          content=CHAT_BODY), 421, "invalid_host")
+        return f"GET {get.status_code}; POST {result}", ok and get.status_code == 421
+    return case
+
+
+def loopback_hosts(srv):
+    codes = {h: srv.request("POST", CHAT, {"Host": h, "content-type": "application/json"}, content=CHAT_BODY)
+             .status_code for h in ("localhost", f"127.0.0.1:{srv.port}", "[::1]", "app.localhost")}
+    return " ".join(f"{h} {c}" for h, c in codes.items()), set(codes.values()) == {200}
+
+
+def cors_preflight(srv):
+    origin = {"Origin": "http://evil.example"}
+    pre = srv.request("OPTIONS", CHAT, {**origin, "Access-Control-Request-Method": "POST",
+                                        "Access-Control-Request-Headers": "content-type"})
+    post = srv.request("POST", CHAT, {**origin, "content-type": "application/json"}, content=CHAT_BODY)
+    cors = [k for r in (pre, post) for k in r.headers if k.lower().startswith("access-control-")]
+    return f"preflight {pre.status_code}, POST {post.status_code}, CORS headers {cors or 'none'}", not cors
+
+
+def huge_int(srv):
+    raw = CHAT_BODY[:-1] + b', "user": ' + b"9" * 5000 + b"}"
+    return _refused(srv.post(CHAT, raw=raw), 400, "invalid_value", "user")
+
+
+def refused_field(name: str, value, code: str):
+    """A field that would change the answer and is not honoured: 400 naming it (it used to be ignored)."""
+    return lambda srv: _refused(srv.post(CHAT, _chat(**{name: value})), 400, code, name)
+
+
+def neutral_fields(srv):
+    r = srv.post(CHAT, _chat(response_format={"type": "text"}, logit_bias={}, tool_choice="none",
+                             function_call="auto"))
+    return _status(r), r.status_code == 200
+
+
+def head_health(srv):
+    r = srv.request("HEAD", "/health")
+    return f"{r.status_code}, {len(r.content)} body bytes", r.status_code == 200
+
+
+def long_model_name(srv):
+    r = srv.post(CHAT, _chat(model="m" * 100_000))
+    result, ok = _refused(r, 404, "model_not_found", "model")
+    size = len(r.json()["error"]["message"]) if ok else -1
+    return f"{r.status_code}, message of {size} characters", ok and 0 < size < 200
+
+
+def run_cases(srv: Server, cases: list) -> bool:
+    """Each case, then a normal request; one table row per case. True if every case and follow-up passed."""
+    passed_all = True
+    print(f"{'case':28} {'pass':4}  {'/health max':>11}  {'next':4}  result")
+    for name, case in cases:
+        srv.slowest, srv.failures = 0.0, 0
+        try:
+            result, ok = case(srv)
+        except Exception as err:  # a case that blows up is a failed case, not a crashed replay
+            result, ok = f"{type(err).__name__}: {err}", False
+        nxt = srv.post(CHAT, _chat(), timeout=60).status_code == 200 and srv.health()["status"] == "ok"
+        health = f"{srv.slowest:.2f} s" + (f" ({srv.failures} failed)" if srv.failures else "")
+        passed_all &= ok and nxt and not srv.failures
+        print(f"{name:28} {'ok' if ok else 'FAIL':4}  {health:>11}  {'ok' if nxt else 'FAIL':4}  {result}", flush=True)
+    return passed_all
 
 
 def main() -> int:
@@ -324,31 +431,41 @@ def main() -> int:
         ("5 control tokens in chat", control_tokens_in_chat),
         ("5 mask id in prompt", lambda s: mask_id_prompt(s, mask_id)),
         ("5 /openapi.json", openapi_behind_key),
+        ("23.4 text/plain with a key", body_typed("text/plain")),
     ]
-    srv = Server(model, args)
-    passed_all, start = True, time.monotonic()
+    web_cases = [  # issue 23 against the default server: loopback, no key
+        ("23.4 text/plain body", body_typed("text/plain")),
+        ("23.4 form-urlencoded body", body_typed("application/x-www-form-urlencoded")),
+        ("23.4 multipart body", multipart_body), ("23.4 no Content-Type", body_typed(None)),
+        ("23.4 Host evil.example", foreign_host("evil.example")),
+        ("23.4 Host evil.example:port", foreign_host("evil.example:8000")),
+        ("23.4 loopback Host names", loopback_hosts), ("23.4 CORS preflight", cors_preflight),
+        ("23.10 user: 5000 digits", huge_int),
+        ("23.10 response_format json", refused_field("response_format", {"type": "json_object"},
+                                                     "unsupported_value")),
+        ("23.10 logit_bias", refused_field("logit_bias", {"42": 100}, "unsupported_parameter")),
+        ("23.10 tool_choice required", refused_field("tool_choice", "required", "unsupported_value")),
+        ("23.10 function_call", refused_field("function_call", {"name": "f"}, "unsupported_value")),
+        ("23.10 neutral values served", neutral_fields), ("23.10 HEAD /health", head_health),
+        ("23.10 model name 100k chars", long_model_name),
+    ]
+    start, passed_all = time.monotonic(), True
     try:
-        srv.wait_ready()
-        print(f"server pid {srv.proc.pid} on {srv.url}; {srv.resources()}")
-        print(f"{'case':28} {'pass':4}  {'/health max':>11}  {'next':4}  result")
-        for name, case in cases:
-            srv.slowest, srv.failures = 0.0, 0
+        for label, key, chosen in (("with --api-key", KEY, cases), ("default: no key", None, web_cases)):
+            srv = Server(model, args, key=key)
             try:
-                result, ok = case(srv)
-            except Exception as err:  # a case that blows up is a failed case, not a crashed replay
-                result, ok = f"{type(err).__name__}: {err}", False
-            nxt = srv.post(CHAT, _chat(), timeout=60).status_code == 200 and srv.health()["status"] == "ok"
-            health = f"{srv.slowest:.2f} s" + (f" ({srv.failures} failed)" if srv.failures else "")
-            passed_all &= ok and nxt and not srv.failures
-            print(f"{name:28} {'ok' if ok else 'FAIL':4}  {health:>11}  {'ok' if nxt else 'FAIL':4}  {result}",
-                  flush=True)
-        result, ok = unusable_keys(model)
-        passed_all &= ok
-        print(f"{'5 blank --api-key':28} {'ok' if ok else 'FAIL':4}  {'-':>11}  {'-':4}  {result}")
-        print(f"after all cases: {srv.resources()}; alive: {srv.proc.poll() is None}; "
-              f"{time.monotonic() - start:.0f} s in all")
+                srv.wait_ready()
+                print(f"server ({label}) pid {srv.proc.pid} on {srv.url}; {srv.resources()}")
+                passed_all &= run_cases(srv, chosen)
+                if key is not None:
+                    result, ok = unusable_keys(model)
+                    passed_all &= ok
+                    print(f"{'5 blank --api-key':28} {'ok' if ok else 'FAIL':4}  {'-':>11}  {'-':4}  {result}")
+                print(f"after all cases: {srv.resources()}; alive: {srv.proc.poll() is None}; "
+                      f"{time.monotonic() - start:.0f} s so far\n")
+            finally:
+                srv.stop()
     finally:
-        srv.stop()
         if scratch is not None:
             scratch.cleanup()
     print("ALL PASSED" if passed_all else "SOME CASES FAILED")
