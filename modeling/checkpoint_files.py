@@ -15,6 +15,8 @@ import re
 import struct
 from pathlib import Path
 
+import torch
+
 INDEX_NAME = "model.safetensors.index.json"
 # bytes per element of every safetensors dtype (safetensors 0.8 format)
 DTYPE_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "F6_E2M3": 0.75,
@@ -59,7 +61,27 @@ def read_safetensors_header(path: str | os.PathLike) -> tuple[dict, int]:
     data = size - 8 - n
     for name, info in header.items():
         _check_entry(name, info, data, bad)
+    _check_coverage(header, data, bad)
     return header, 8 + n
+
+
+def _check_coverage(header: dict, data_bytes: int, bad) -> None:
+    """Tensors must tile the data region exactly, as the safetensors library requires.
+
+    Its own error for bytes appended after the last tensor ("incomplete metadata, file not fully
+    covered") names no file; overlapping tensors would alias each other's bytes.
+    """
+    end, previous = 0, None
+    for name, info in sorted(header.items(), key=lambda item: tuple(item[1]["data_offsets"])):
+        start, stop = info["data_offsets"]
+        if start != end:
+            where = f"the previous tensor {previous!r} ends at {end}" if previous else "the data starts at 0"
+            kind = "overlaps another tensor" if start < end else f"leaves {start - end} unused bytes before it"
+            raise bad(f"tensor {name!r} starts at byte {start} of the data but {where}: it {kind}")
+        end, previous = stop, name
+    if end != data_bytes:
+        raise bad(f"{data_bytes - end} bytes of trailing data follow the last tensor (its data ends at byte {end} "
+                  f"of {data_bytes}); the file was appended to or damaged")
 
 
 def _check_entry(name: str, info, data_bytes: int, bad) -> None:
@@ -95,7 +117,27 @@ def read_index(path: str | os.PathLike) -> dict[str, str]:
                                                    for k, v in weight_map.items()):
         raise CheckpointError(f"{path}: not a valid shard index: it needs a \"weight_map\" object mapping "
                               "tensor names to shard file names")
+    if not weight_map:
+        raise CheckpointError(f"{path}: not a valid shard index: its \"weight_map\" is empty; it must map every "
+                              "tensor name to the shard file that holds it")
+    for tensor, shard in weight_map.items():
+        if not is_plain_file_name(shard):
+            raise CheckpointError(
+                f"{path}: not a valid shard index: tensor {tensor} is mapped to {shard!r}, which is not a file name "
+                "in the checkpoint folder; shards must be named without directories, '..' or absolute paths")
     return weight_map
+
+
+def is_plain_file_name(name: str) -> bool:
+    """A bare file name: no directory part, not ``.``/``..``, not absolute (POSIX or Windows).
+
+    The index is data from the checkpoint; a name such as ``../x.safetensors`` or ``/etc/x`` would
+    make the load read a file outside the folder. A shard that is itself a symlink is allowed:
+    ``oled-moe prepare`` and the Hugging Face cache both link shards to files stored elsewhere,
+    by the folder owner's own choice.
+    """
+    return (bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name
+            and ":" not in name and "\0" not in name)
 
 
 def check_local_index(folder: str | os.PathLike) -> None:
@@ -125,14 +167,18 @@ def check_json_file(path: str | os.PathLike, what: str) -> None:
         raise CheckpointError(f"{path}: not a valid {what}: a JSON {type(value).__name__}, not an object")
 
 
-def check_checkpoint_files(files: list[str], model_tensors: dict[str, bool]) -> None:
-    """Validate the shards' headers, tensor placement and dtypes before Transformers loads them.
+def check_checkpoint_files(files: list[str], model_tensors: dict[str, bool],
+                           model_shapes: dict[str, tuple[int, ...]] | None = None) -> dict[str, str]:
+    """Validate the shards' headers, tensor placement, dtypes and shapes before Transformers loads them.
 
     ``model_tensors`` maps each model parameter/buffer name to whether it is floating point (routed
     experts count as floating even when offloaded, so absent from the model). A
     tensor stored in two shards is refused (which one wins would depend on read order), as is an
     integer tensor bound for a floating parameter (a silent cast would turn quantised codes into
-    wrong weights).
+    wrong weights). With ``model_shapes`` (name -> the model's shape), a tensor whose stored shape
+    differs is refused naming both shapes and the file, where Transformers would only suggest
+    ``ignore_mismatched_sizes``. Returns tensor name -> the shard holding it, so later checks
+    (:func:`check_finite`) can name the file.
     """
     index_path = Path(files[0]).parent / INDEX_NAME if files else None
     weight_map = read_index(index_path) if index_path is not None and index_path.is_file() else {}
@@ -140,6 +186,8 @@ def check_checkpoint_files(files: list[str], model_tensors: dict[str, bool]) -> 
     for path in files:
         header, _ = read_safetensors_header(path)
         for name, info in header.items():
+            if model_shapes is not None:
+                _check_shape(path, name, info["shape"], model_shapes)
             if name in where:
                 named = weight_map.get(name)
                 note = f"; {INDEX_NAME} names {named}" if named else ""
@@ -151,6 +199,78 @@ def check_checkpoint_files(files: list[str], model_tensors: dict[str, bool]) -> 
                 raise CheckpointError(f"{path}: tensor {name} is stored as {info['dtype']} but the model's weight "
                                       "is floating point; integer (e.g. quantised) tensors are not cast to float. "
                                       "Convert the checkpoint to a float dtype first")
+    return where
+
+
+def model_key(name: str, model_names) -> str | None:
+    """The model's name for checkpoint tensor ``name``, allowing for the ``model.`` base prefix.
+
+    A bare ``OledLLaDA2Model`` loads ``model.*`` tensors of a full checkpoint without the prefix,
+    and the full model loads a bare one's with it (Transformers strips or adds it the same way).
+    """
+    if name in model_names:
+        return name
+    for candidate in (name.removeprefix("model."), "model." + name):
+        if candidate != name and candidate in model_names:
+            return candidate
+    return None
+
+
+def _check_shape(path: str, name: str, stored: list[int], model_shapes: dict[str, tuple[int, ...]]) -> None:
+    key = model_key(name, model_shapes)
+    if key is None or tuple(stored) == tuple(model_shapes[key]):
+        return
+    raise CheckpointError(
+        f"{path}: tensor {name} has shape {list(stored)} but the model built from config.json expects "
+        f"{list(model_shapes[key])}; the checkpoint and config.json disagree (e.g. vocab_size, hidden_size, "
+        "num_experts or an intermediate size). Fix config.json or use the checkpoint it was written with"
+    )
+
+
+def first_non_finite(tensor: torch.Tensor) -> tuple[int, list[int]] | None:
+    """None when every value is finite, else (how many are NaN/inf, the index of the first).
+
+    The common, all-finite case costs one ``aminmax`` pass (NaN propagates to both ends, an inf
+    shows as the min or max), about 50 times faster than ``isfinite(t).all()`` on CPU and with no
+    tensor-sized temporary; only a failing tensor pays for locating the bad value.
+    """
+    t = tensor.detach()
+    if t.numel() == 0 or not t.is_floating_point() or t.device.type == "meta":
+        return None
+    try:
+        low, high = torch.aminmax(t)
+        if bool(torch.isfinite(low) & torch.isfinite(high)):
+            return None
+    except (RuntimeError, NotImplementedError):  # dtypes without aminmax (float8): the plain check
+        if bool(torch.isfinite(t).all()):
+            return None
+    bad = ~torch.isfinite(t)
+    first = torch.nonzero(bad)[0].tolist() if t.dim() else []
+    return int(bad.sum()), first
+
+
+def non_finite_message(name: str, found: tuple[int, list[int]], numel: int) -> str:
+    count, first = found
+    return (f"tensor {name} holds {count} non-finite value(s) (NaN or inf) of {numel}, the first at index "
+            f"{first}; the checkpoint is corrupt. Re-download or re-convert it")
+
+
+def check_finite(tensors, where: dict[str, str], source) -> None:
+    """Refuse a load whose floating weights hold NaN or inf, naming the tensor and its shard.
+
+    ``tensors`` is (model name, tensor) pairs, ``where`` the checkpoint name -> shard map from
+    :func:`check_checkpoint_files`. Runs once per tensor at load, so a corrupt weight is an
+    error before any generate rather than different tokens (a NaN ``expert_bias`` never shows in
+    the logits) or a NaN at the first forward.
+    """
+    for name, tensor in tensors:
+        found = first_non_finite(tensor)
+        if found is None:
+            continue
+        key = model_key(name, where)
+        if key is None:
+            raise CheckpointError(f"{source}: after loading, {non_finite_message(name, found, tensor.numel())}")
+        raise CheckpointError(f"{where[key]}: {non_finite_message(key, found, tensor.numel())}")
 
 
 def check_loading_info(model_name: str, source, missing: set[str], unexpected: set[str]) -> None:

@@ -11,6 +11,10 @@ they are never materialised on the device outside the cache pool. Two layouts:
 * ``mmap``: zero-copy views into the safetensors files; nothing is read until used. Lowest memory,
   but views are only 8-byte aligned, so on a CPU-only machine CPU-computed experts may round
   differently from the resident model (tokens can differ in rare near-ties).
+
+Every expert is checked finite (no NaN/inf) as it enters the store: pinned, once per layer right
+after it is read (one ``aminmax`` pass); mmap, at its first use, since reading every mapped byte at
+load would defeat the mapping. The error names the tensor and its shard.
 """
 
 from __future__ import annotations
@@ -107,10 +111,29 @@ class ExpertStore:
                     _check_shape(loc, part, h, i, layer, e)
                     dst = buf[e, p * h * i : (p + 1) * h * i]
                     _read_into(loc, dst)
+            # One pass over the layer (aminmax, no temporary); only a failing layer is searched.
+            if checkpoint_files.first_non_finite(buf) is not None:
+                experts = ((e, split_expert(buf[e], h, i)) for e in range(self.num_experts))
+                self._raise_non_finite(layer, locations, experts)
             self.buffers.append(buf)
 
+    @staticmethod
+    def _raise_non_finite(layer: int, locations, experts) -> None:
+        """Name the first expert tensor holding NaN/inf, with its shard file; ``experts``: (id, parts) pairs."""
+        for e, parts in experts:
+            for part, tensor in zip(PARTS, parts):
+                found = checkpoint_files.first_non_finite(tensor)
+                if found is not None:
+                    name = f"model.layers.{layer}.mlp.experts.{e}.{part}.weight"
+                    raise checkpoint_files.CheckpointError(
+                        f"{locations[(layer, e, part)].path}: "
+                        f"{checkpoint_files.non_finite_message(name, found, tensor.numel())}")
+
     def _map_views(self, locations) -> None:
+        """Zero-copy views; each expert is checked finite when first used (see ``weights``)."""
         files = {}
+        self._locations = locations
+        self._checked = [[False] * self.num_experts for _ in self.layer_ids]
         h, i = self.hidden, self.inter
         for layer in self.layer_ids:
             per_layer = []
@@ -130,7 +153,13 @@ class ExpertStore:
     def weights(self, layer: int, expert: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(gate [I,H], up [I,H], down [H,I]) of an expert, on the host."""
         if self.mode == "mmap":
-            return self.views[layer][expert]
+            views = self.views[layer][expert]
+            if not self._checked[layer][expert]:
+                # Reading every mapped byte at load would defeat mmap; the first use pays instead.
+                if any(checkpoint_files.first_non_finite(v) is not None for v in views):
+                    self._raise_non_finite(self.layer_ids[layer], self._locations, [(expert, views)])
+                self._checked[layer][expert] = True
+            return views
         return split_expert(self.buffers[layer][expert], self.hidden, self.inter)
 
     def grouped_views(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -165,8 +194,10 @@ def split_expert(row: torch.Tensor, hidden: int, inter: int) -> tuple[torch.Tens
 def _check_shape(loc: ExpertLocation, part: str, h: int, i: int, layer: int, e: int) -> None:
     want = (h, i) if part == "down_proj" else (i, h)
     if loc.shape != want:
-        raise ValueError(f"model.layers.{layer}.mlp.experts.{e}.{part}.weight has shape {list(loc.shape)}; "
-                         f"the config implies {list(want)}")
+        raise checkpoint_files.CheckpointError(
+            f"{loc.path}: tensor model.layers.{layer}.mlp.experts.{e}.{part}.weight has shape {list(loc.shape)} "
+            f"but the model built from config.json expects {list(want)} (hidden_size x moe_intermediate_size); "
+            "the checkpoint and config.json disagree")
 
 
 def _read_into(loc: ExpertLocation, dst: torch.Tensor) -> None:

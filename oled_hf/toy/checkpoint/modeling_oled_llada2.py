@@ -24,7 +24,13 @@ from transformers.utils import ModelOutput
 
 from .auto_map import AUTO_MAP, CODE_VERSION, warn_on_code_version, write_model_code
 from .cache import BlockKVCache
-from .checkpoint_files import EXPERT_KEY, check_checkpoint_files, check_loading_info, check_local_index
+from .checkpoint_files import (
+    EXPERT_KEY,
+    check_checkpoint_files,
+    check_finite,
+    check_loading_info,
+    check_local_index,
+)
 from .configuration_oled_llada2 import OledLLaDA2Config
 from .experts import RESIDENT_EXECUTOR, ExpertsExecutor
 from .generation_oled_llada2 import DiffusionGenerationMixin
@@ -448,17 +454,24 @@ class OledLLaDA2ForDiffusionLM(OledLLaDA2PreTrainedModel, DiffusionGenerationMix
         model._checkpoint_files = list(checkpoint_files or [])
         model._load_dtype = getattr(load_config, "dtype", None)
         safetensors = [str(f) for f in model._checkpoint_files if str(f).endswith(".safetensors")]
-        if safetensors:  # damaged headers, a tensor in two shards, int tensors into float weights
-            floating = {name: t.is_floating_point() for name, t in model.state_dict().items()}
-            check_checkpoint_files(safetensors, floating)
+        model._tensor_files = {}
+        if safetensors:  # damaged headers, a tensor in two shards, int tensors into float weights, wrong shapes
+            tensors = model.state_dict()
+            floating = {name: t.is_floating_point() for name, t in tensors.items()}
+            # ignore_mismatched_sizes=True is the caller's explicit opt-out: Transformers re-initialises them
+            shapes = None if getattr(load_config, "ignore_mismatched_sizes", False) else {
+                name: tuple(t.shape) for name, t in tensors.items()}
+            model._tensor_files = check_checkpoint_files(safetensors, floating, shapes)
         return PreTrainedModel._load_pretrained_model(model, state_dict, checkpoint_files, load_config, expected_keys)
 
     @staticmethod
     def _finalize_model_loading(model, load_config, loading_info):
         loading_info = PreTrainedModel._finalize_model_loading(model, load_config, loading_info)
+        source = getattr(load_config, "pretrained_model_name_or_path", None)
         if getattr(model, "_strict_load", True):
-            check_loading_info(type(model).__name__, getattr(load_config, "pretrained_model_name_or_path", None),
-                               loading_info.missing_keys, loading_info.unexpected_keys)
+            check_loading_info(type(model).__name__, source, loading_info.missing_keys, loading_info.unexpected_keys)
+        # Every loaded float weight, once (routed experts of an offloaded model: in the ExpertStore)
+        check_finite(model.state_dict().items(), model.__dict__.pop("_tensor_files", None) or {}, source)
         return loading_info
 
     def _adjust_missing_and_unexpected_keys(self, loading_info) -> None:
