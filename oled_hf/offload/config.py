@@ -33,7 +33,19 @@ class OffloadConfig:
 
     ``cache_size`` counts expert slots per MoE layer on average (the paper's unit: 40 or 100 of 256
     for LLaDA2.0-mini); ``cache_ratio`` is the fraction of all routed-expert bytes kept on the GPU.
+    The budget is never enlarged: one that gives a layer fewer than ``min_slots_per_layer`` slots
+    is refused at load (:meth:`resolve_slots`).
     Cost-model overrides replace the values measured at load (``calibrate``) or the preset.
+
+    ``record_trace``: a file the routing trace of the loaded model is written to; one trace per
+    load, holding every ``generate`` of that model in order (a sequence each), rewritten whole
+    (atomically) after each ``generate``. Its folder must exist (none is created), the path must
+    not be a folder, and an existing file is refused unless ``record_trace_overwrite=True``;
+    all checked when the model loads (:meth:`attach`), before any expert is read.
+
+    One loaded model runs one call at a time: ``generate`` and forwards from several threads
+    are serialised by a per-model lock (see ``oled_hf/offload/runtime.py``); ``offload_stats()``
+    from another thread does not wait and returns the figures of the last finished ``generate``.
     """
 
     cache_size: int | None = None
@@ -65,6 +77,7 @@ class OffloadConfig:
     rebalance_damping: float = 0.5
     min_slots_per_layer: int = 1
     record_trace: str | None = None
+    record_trace_overwrite: bool = False  # replace an existing record_trace file (else refused)
 
     def __post_init__(self) -> None:
         if (self.cache_size is None) == (self.cache_ratio is None):
@@ -90,7 +103,7 @@ class OffloadConfig:
         self._check_choice("policy", KNOWN_POLICIES, "known policies")
         self._check_choice("cpu_compute", CPU_COMPUTE_MODES, "allowed")
         self._check_choice("store", STORE_MODES, "allowed")
-        for name in ("layer_adaptive", "calibrate"):
+        for name in ("layer_adaptive", "calibrate", "record_trace_overwrite"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} is invalid: must be True or False")
         for name in ("h2d_bandwidth_gbps", "cpu_bandwidth_gbps", "cpu_expert_ms_per_token",
@@ -120,6 +133,19 @@ class OffloadConfig:
         if self.record_trace is not None and (not isinstance(self.record_trace, str) or not self.record_trace):
             raise ValueError(f"record_trace={self.record_trace!r} is invalid: must be a file path or None")
 
+    def check_record_trace(self) -> None:
+        """Refuse a ``record_trace`` path the recorder could not write as asked (``attach`` calls it).
+
+        Checked against the file system at load, before any expert is read, not at construction:
+        a config is a value that is copied (``dataclasses.replace``, replay) and round-trips through
+        JSON after its trace was written, and the state that matters is the one when recording starts.
+        """
+        if self.record_trace is not None:
+            from ..sim.recorder import check_trace_path
+
+            check_trace_path(self.record_trace, overwrite=self.record_trace_overwrite,
+                             field="record_trace", flag="record_trace_overwrite=True")
+
     def _check_choice(self, name: str, allowed: tuple[str, ...], label: str) -> None:
         value = getattr(self, name)
         if value not in allowed:
@@ -136,8 +162,11 @@ class OffloadConfig:
     def resolve_slots(self, num_moe_layers: int, num_experts: int) -> int:
         """Total GPU expert slots for a model with this many MoE layers and routed experts each.
 
-        Raises when the budget cannot be met: more slots per layer than experts, or a ratio so
-        small that some layer would get fewer than ``min_slots_per_layer`` slots.
+        The budget is what was asked for, never more: ``cache_size`` slots per layer, or
+        ``cache_ratio`` of all experts rounded to whole slots (at most all of them). Raises
+        ``ValueError`` when it cannot be met: more slots per layer than experts, or a budget that
+        gives fewer than ``min_slots_per_layer`` slots to each layer (silently enlarging it would
+        put more bytes on the device than the user allowed).
         """
         if num_moe_layers < 1 or num_experts < 1:
             raise ValueError(
@@ -154,15 +183,38 @@ class OffloadConfig:
                     f"cache_size={self.cache_size} exceeds num_experts={num_experts}: a MoE layer has only "
                     f"{num_experts} routed experts, so at most {num_experts} slots per layer are useful"
                 )
-            return int(self.cache_size) * num_moe_layers
-        slots = int(round(float(self.cache_ratio) * total_experts))
-        return max(num_moe_layers * self.min_slots_per_layer, min(slots, total_experts))
+            slots = int(self.cache_size) * num_moe_layers
+        else:
+            slots = min(int(round(float(self.cache_ratio) * total_experts)), total_experts)
+        self._check_minimum(slots, num_moe_layers, total_experts)
+        return slots
+
+    def _check_minimum(self, slots: int, num_moe_layers: int, total_experts: int) -> None:
+        """Raise unless ``slots`` gives every layer ``min_slots_per_layer``; the message says what would fit."""
+        needed = num_moe_layers * self.min_slots_per_layer
+        if slots >= needed:
+            return
+        if self.cache_size is not None:
+            budget = f"cache_size={self.cache_size}"
+            fix = f"cache_size >= {self.min_slots_per_layer}"
+        else:
+            budget = f"cache_ratio={self.cache_ratio!r}"
+            fix = f"cache_ratio >= {needed / total_experts:.6g}"
+        most = slots // num_moe_layers
+        lower = (f" or min_slots_per_layer <= {most}" if most >= 1
+                 else " (the budget does not give every layer even one slot)")
+        raise ValueError(
+            f"{budget} gives {slots} expert slots over {num_moe_layers} MoE layers, fewer than "
+            f"min_slots_per_layer={self.min_slots_per_layer} x {num_moe_layers} layers = {needed} needed; "
+            f"the budget is not enlarged: use {fix}{lower}"
+        )
 
     # ------------------------------------------------------------------ serialisation
     def attach(self, model: Any, checkpoint_files: list[str], dtype: Any = None) -> Any:
         """Install the offload runtime on a model loaded without routed experts (from_pretrained calls this)."""
         from .runtime import attach_offload
 
+        self.check_record_trace()  # before the store reads any expert
         return attach_offload(model, self, checkpoint_files, dtype)
 
     def to_dict(self) -> dict[str, Any]:

@@ -8,12 +8,29 @@ offloaded executor. The runtime listens to the decoder's iteration events and fo
 the controller (policy, allocator) and, when asked, to a trace recorder. A layer that holds every
 expert runs without waiting for its routing on the host; the controller plans that access later,
 in order, before anything reads its state (``CacheController.defer``).
+
+Threads: one offloaded model runs one call at a time. Its runtime holds a re-entrant lock
+(:attr:`OffloadRuntime.lock`) for the whole of each ``model.generate(...)`` and each direct
+``model(...)`` forward, so calls from several threads on one model are serialised: each waits for
+the running one to finish, then gets exactly the tokens it would get alone. A lock per forward
+would not do: the policy's state (``on_block_start`` ... ``on_iteration`` ... ``on_block_end``)
+and the deferred plans span the forwards of one ``generate``, so two interleaved generates would
+corrupt it (slots recorded as holding one expert while they hold another). The lock is taken by
+thin wrappers the runtime installs on the model instance (``model.generate``, ``model.forward``;
+the class's methods are untouched, ``modeling/`` knows nothing of it). ``stats()`` never waits:
+while another thread runs the model it returns the figures as of that model's last finished
+``generate`` (``"snapshot": True``); ``reset_stats()`` waits its turn. For parallel requests load
+one model per thread (each gets its own slot pool), or queue them as ``oled-moe serve`` does.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
+import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -34,10 +51,35 @@ if TYPE_CHECKING:  # the config builds the runtime (OffloadConfig.attach): no im
 TIMERS = ("policy", "copy", "gpu", "cpu", "cpu_wait")
 
 
+class _Serialised:
+    """A model method that runs under the runtime's lock (installed on the instance, see the module doc).
+
+    A small class rather than a closure: it names what it wraps (``__wrapped__``, the signature
+    Transformers inspects), and ``copy.deepcopy`` of the model fails on its lock instead of
+    silently keeping a function that runs the original model.
+    """
+
+    def __init__(self, lock: threading.RLock, method, after: Callable[[], None] | None = None) -> None:
+        self.lock, self.method, self.after = lock, method, after
+        functools.update_wrapper(self, method)
+
+    def __call__(self, *args, **kwargs):
+        with self.lock:
+            result = self.method(*args, **kwargs)
+            if self.after is not None:  # still under the lock: what ran is complete
+                self.after()
+            return result
+
+
 class OffloadRuntime(IterationObserver):
+    """The offload machinery of one loaded model; one call at a time (``lock``, see the module doc)."""
+
     def __init__(self, model, config: OffloadConfig, store: ExpertStore, device: torch.device):
         cfg = model.config
         self.config = config
+        # Held for a whole generate and for each direct forward: re-entrant, since generate's
+        # forwards take it again on the same thread.
+        self.lock = threading.RLock()
         self.store = store
         self.num_layers, self.num_experts = cfg.num_moe_layers, cfg.num_experts
         self.total_slots = config.resolve_slots(self.num_layers, self.num_experts)
@@ -70,7 +112,15 @@ class OffloadRuntime(IterationObserver):
         if config.record_trace:
             from ..sim.recorder import TraceRecorder
 
-            self.recorder = TraceRecorder(model, config.record_trace, cost_model=self.cost_model)
+            self.recorder = TraceRecorder(model, config.record_trace, cost_model=self.cost_model,
+                                          overwrite=config.record_trace_overwrite)
+        self._take_snapshot()  # what another thread's stats() sees until the first generate ends
+        model.generate = _Serialised(self.lock, model.generate, after=self._take_snapshot)
+        model.forward = _Serialised(self.lock, model.forward)
+
+    def _take_snapshot(self) -> None:
+        """Keep the current figures for other threads' ``stats()`` (called under the lock)."""
+        self._snapshot = self._stats()
 
     def cpu_pool(self):
         if self._cpu_pool is None:
@@ -125,6 +175,21 @@ class OffloadRuntime(IterationObserver):
 
     # ---- stats ---------------------------------------------------------------------------
     def stats(self) -> dict:
+        """Per-layer and total figures; never waits for another thread's call (see the module doc).
+
+        ``"snapshot"`` is False when the figures are current, True when another thread was running
+        the model, so they are those at the end of its last finished ``generate``: reading the live
+        counters then would plan that thread's deferred accesses under its feet.
+        """
+        if not self.lock.acquire(blocking=False):
+            return {**copy.deepcopy(self._snapshot), "snapshot": True}
+        try:
+            self._take_snapshot()
+            return {**copy.deepcopy(self._snapshot), "snapshot": False}
+        finally:
+            self.lock.release()
+
+    def _stats(self) -> dict:
         st = self.controller.stats  # (reading them plans any deferred access first)
         per_layer = []
         for layer in range(self.num_layers):
@@ -149,11 +214,14 @@ class OffloadRuntime(IterationObserver):
         }
 
     def reset_stats(self) -> None:
-        self.controller.stats.reset()  # (deferred accesses are planned before the reset)
-        for name in TIMERS:
-            self.timing[name][:] = 0
-        self.routing_transfers[:] = 0
-        self.forwards = 0
+        """Zero every counter; waits for a call running on another thread to finish first."""
+        with self.lock:
+            self.controller.stats.reset()  # (deferred accesses are planned before the reset)
+            for name in TIMERS:
+                self.timing[name][:] = 0
+            self.routing_transfers[:] = 0
+            self.forwards = 0
+            self._take_snapshot()
 
 
 def attach_offload(model, config: OffloadConfig, checkpoint_files: list[str], dtype: torch.dtype | None):

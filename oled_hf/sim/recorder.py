@@ -9,16 +9,57 @@ Predicted routes (trace version 2): a forward hook on every decoder layer that h
 applies MoE layer m+1's post-attention norm and router to the hidden state leaving layer m, the
 prediction a next-layer speculative prefetcher has while layer m+1 has not run yet. It reads the
 model from outside (hooks only), costs one router GEMM per layer, and changes no output.
+
+Given a ``path`` (``OffloadConfig(record_trace=...)``), the recorder owns that one file for the
+model's life: every ``generate`` is appended to the trace as the next sequence and the whole trace
+is rewritten atomically (temporary file + rename) when the ``generate`` ends. The path is checked
+when the recorder is made (:func:`check_trace_path`): its folder must exist, it must not be a
+folder, and a file already there is refused unless ``overwrite=True``.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import torch
 
 from ..modeling.events import IterationObserver
 from .trace import KINDS, TraceWriter
+
+
+def check_trace_path(path: str | os.PathLike, *, overwrite: bool, field: str = "path",
+                     flag: str = "overwrite=True") -> Path:
+    """The trace file ``path`` names, or ValueError saying why it cannot be written as asked.
+
+    Nothing is created or written: a missing folder is the user's typo far more often than a wish
+    for a new directory tree (the recorder used to create it, anywhere), and a file already there
+    is the user's until they pass ``flag``.
+    """
+    target = Path(path)
+    if target.is_dir():
+        raise ValueError(f"{field}={str(path)!r} is a folder; give the path of a trace file to write")
+    parent = target.parent
+    if not parent.is_dir():
+        what = "is not a folder" if parent.exists() else "does not exist"
+        raise ValueError(f"{field}={str(path)!r}: its folder {str(parent)!r} {what}; create it first "
+                         "(no folders are created)")
+    if (target.exists() or target.is_symlink()) and not overwrite:
+        raise ValueError(f"{field}={str(path)!r} already exists; pass {flag} to replace it, or choose a new path")
+    return target
+
+
+def _write_atomically(trace_save, target: Path) -> None:
+    """``trace_save(tmp)`` beside ``target``, then rename over it: a reader never sees half a trace."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    try:
+        trace_save(tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 class _RecordingExecutor:
@@ -31,7 +72,12 @@ class _RecordingExecutor:
 
 
 class TraceRecorder(IterationObserver):
-    def __init__(self, model, path: str | None = None, decoding: dict | None = None, cost_model=None):
+    """Records the routing of ``model``; with ``path``, saves it after every ``generate`` (module doc)."""
+
+    def __init__(self, model, path: str | None = None, decoding: dict | None = None, cost_model=None, *,
+                 overwrite: bool = False):
+        if path is not None:  # before any hook is installed: a refused path leaves the model as it was
+            check_trace_path(path, overwrite=overwrite, field="record_trace", flag="record_trace_overwrite=True")
         cfg = model.config
         dtype_bytes = next(model.parameters()).element_size()
         self.writer = TraceWriter(cfg.num_moe_layers, cfg.num_experts, cfg.num_experts_per_tok,
@@ -42,6 +88,8 @@ class TraceRecorder(IterationObserver):
         if cost_model is not None:
             self.writer.header["cost_model"] = dict(vars(cost_model))
         self.path = path
+        self._overwrite = overwrite  # may replace a file at ``path`` that was there before recording
+        self._wrote_own = False  # ``path`` holds our own trace: rewriting it replaces nothing of the user's
         self.model = model
         self._kind = ("prefill", -1, -1)
         self._hooks = []
@@ -101,10 +149,26 @@ class TraceRecorder(IterationObserver):
 
     def on_generate_end(self) -> None:
         if self.path:
-            self.save(self.path)
+            self._save_own()
+            self.writer.begin_sequence(self.writer.seq + 1)  # the next generate is the next sequence
+
+    def _save_own(self) -> Path:
+        """Rewrite ``self.path`` with the whole trace so far; no folder is created, no foreign file replaced."""
+        target = Path(self.path)
+        if not self._wrote_own:  # a file may have appeared since the check at construction
+            check_trace_path(target, overwrite=self._overwrite, field="record_trace",
+                             flag="record_trace_overwrite=True")
+        elif target.is_dir():
+            raise ValueError(f"record_trace={self.path!r} became a folder; the trace was not written")
+        _write_atomically(self.writer.save, target)
+        self._wrote_own = True
+        return target
 
     def save(self, path: str | None = None) -> Path:
-        target = Path(path or self.path)
+        """Write the trace to ``path`` (the recorder's own path when None, with its checks)."""
+        if path is None:
+            return self._save_own()
+        target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         self.writer.save(str(target))
         return target

@@ -72,7 +72,48 @@ def test_resolve_slots():
     assert OffloadConfig(cache_size=100).resolve_slots(19, 256) == 1900
     assert OffloadConfig(cache_ratio=0.4).resolve_slots(19, 256) == round(0.4 * 19 * 256)
     assert OffloadConfig(cache_ratio=1.0).resolve_slots(19, 256) == 19 * 256
-    assert OffloadConfig(cache_ratio=1e-6).resolve_slots(19, 256) == 19  # at least one slot per layer
+    assert OffloadConfig(cache_ratio=1 / 256).resolve_slots(19, 256) == 19  # one slot per layer, exactly
     with pytest.raises(ValueError) as err:
         OffloadConfig(cache_size=300).resolve_slots(19, 256)
     assert "cache_size=300" in str(err.value) and "num_experts=256" in str(err.value)
+
+
+# ---- the budget is never enlarged by min_slots_per_layer (issue 23 item 7) --------------------------
+
+
+def test_min_slots_per_layer_refuses_instead_of_enlarging_the_budget():
+    # 3 MoE layers x 64 experts: 10% is 19 slots; 30 per layer would need 90 (47% of the experts)
+    with pytest.raises(ValueError) as err:
+        OffloadConfig(cache_ratio=0.1, min_slots_per_layer=30).resolve_slots(3, 64)
+    assert str(err.value) == (
+        "cache_ratio=0.1 gives 19 expert slots over 3 MoE layers, fewer than min_slots_per_layer=30 x 3 layers "
+        "= 90 needed; the budget is not enlarged: use cache_ratio >= 0.46875 or min_slots_per_layer <= 6"
+    )
+    assert OffloadConfig(cache_ratio=0.46875, min_slots_per_layer=30).resolve_slots(3, 64) == 90  # the fix works
+    assert OffloadConfig(cache_ratio=0.1, min_slots_per_layer=6).resolve_slots(3, 64) == 19
+
+
+def test_a_ratio_too_small_for_one_slot_per_layer_is_refused():
+    with pytest.raises(ValueError) as err:
+        OffloadConfig(cache_ratio=1e-9).resolve_slots(3, 64)
+    assert str(err.value) == (
+        "cache_ratio=1e-09 gives 0 expert slots over 3 MoE layers, fewer than min_slots_per_layer=1 x 3 layers = 3 "
+        "needed; the budget is not enlarged: use cache_ratio >= 0.015625 (the budget does not give every layer "
+        "even one slot)"
+    )
+
+
+def test_cache_size_below_min_slots_per_layer_is_refused():
+    with pytest.raises(ValueError, match=r"cache_size=2 gives 6 expert slots over 3 MoE layers, fewer than "
+                                         r"min_slots_per_layer=4 x 3 layers = 12 needed; .*use cache_size >= 4 "
+                                         r"or min_slots_per_layer <= 2"):
+        OffloadConfig(cache_size=2, min_slots_per_layer=4).resolve_slots(3, 64)
+
+
+def test_load_refuses_an_infeasible_minimum_before_allocating(tiny_path):
+    from oled_hf.modeling import OledLLaDA2ForDiffusionLM
+
+    # tiny: 3 MoE layers x 32 experts; 0.1 -> 10 slots, 8 per layer would need 24
+    with pytest.raises(ValueError, match="cache_ratio=0.1 gives 10 expert slots .* min_slots_per_layer=8"):
+        OledLLaDA2ForDiffusionLM.from_pretrained(
+            tiny_path, offload_config=OffloadConfig(cache_ratio=0.1, min_slots_per_layer=8))

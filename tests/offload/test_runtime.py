@@ -165,3 +165,56 @@ def test_cpu_compute_auto_is_off_without_an_accelerator(tiny_path, prompt, refer
     assert (a["cpu_compute"], a["cpu_compute_requested"], o["cpu_compute"]) == ("off", "auto", "on")
     assert a["total"]["cpu_expert_tokens"] == 0 and o["total"]["cpu_expert_tokens"] > 0
     assert a["total"]["hit_rate"] > o["total"]["hit_rate"]
+
+
+# ---- OffloadConfig(record_trace=...): checked at load, never creates folders or replaces files --------
+
+
+def _generate_twice(model):
+    for ids in ([[1, 2, 3, 4, 5]], [[7, 8, 9]]):
+        model.generate(torch.tensor(ids), max_new_tokens=16, block_length=8)
+
+
+def test_record_trace_refuses_a_missing_folder_before_loading_experts(tiny_path, tmp_path):
+    target = tmp_path / "no" / "such" / "t.trace"
+    with pytest.raises(ValueError) as err:
+        _offloaded(tiny_path, cache_size=4, record_trace=str(target))
+    assert str(err.value) == (f"record_trace={str(target)!r}: its folder {str(target.parent)!r} does not exist; "
+                              "create it first (no folders are created)")
+    assert not (tmp_path / "no").exists()
+
+
+def test_record_trace_refuses_a_folder_at_load_not_after_generating(tiny_path, tmp_path):
+    with pytest.raises(ValueError, match=r"record_trace='.*' is a folder; give the path of a trace file to write"):
+        _offloaded(tiny_path, cache_size=4, record_trace=str(tmp_path))
+
+
+def test_record_trace_keeps_an_existing_file_unless_told(tiny_path, tmp_path):
+    from oled_hf.sim import load_trace
+
+    target = tmp_path / "mine.trace"
+    target.write_text("the user's file")
+    with pytest.raises(ValueError, match=r"mine.trace' already exists; pass record_trace_overwrite=True"):
+        _offloaded(tiny_path, cache_size=4, record_trace=str(target))
+    assert target.read_text() == "the user's file"
+    model = _offloaded(tiny_path, cache_size=4, record_trace=str(target), record_trace_overwrite=True)
+    _generate_twice(model)
+    assert load_trace(str(target)).num_forwards == model.offload_stats()["total"]["forwards"]
+    with pytest.raises(ValueError, match="record_trace_overwrite='yes' is invalid: must be True or False"):
+        OffloadConfig(cache_size=4, record_trace=str(target), record_trace_overwrite="yes")
+
+
+def test_record_trace_is_one_trace_per_load_with_every_generate(tiny_path, tmp_path):
+    from oled_hf.sim import load_trace
+
+    target = tmp_path / "t.trace"
+    config = OffloadConfig(cache_size=4, record_trace=str(target))
+    model = OledLLaDA2ForDiffusionLM.from_pretrained(tiny_path, offload_config=config).eval()
+    assert not target.exists()  # written when a generate ends, not before
+    _generate_twice(model)  # the second generate rewrites the model's own trace: not refused
+    trace = load_trace(str(target))
+    assert trace.num_forwards == model.offload_stats()["total"]["forwards"]
+    assert sorted(set(trace.arrays["fwd_seq"].tolist())) == [0, 1]  # one sequence per generate
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.trace"]  # no temporary file left behind
+    with pytest.raises(ValueError, match="already exists"):  # a second load would replace the first's trace
+        OledLLaDA2ForDiffusionLM.from_pretrained(tiny_path, offload_config=config)
