@@ -198,3 +198,56 @@ def test_copy_checkpoint_edits_really_land(copy_checkpoint, tiny_model):
     """Guard for the tests above: the fixture writes the poisoned tensor where the index says."""
     path = copy_checkpoint(_poisoned(tiny_model, BIAS, float("nan")))
     assert torch.isnan(load_file(path / _weight_map(path)[BIAS])[BIAS]).sum() == 1
+
+
+# --- tokenizer vs model ------------------------------------------------------------------------------------------
+
+def test_the_checkpoints_own_tokenizers_match(tiny_model, tiny_tokenizer):
+    from oled_hf.checkpoints.tokenizer import load_tokenizer
+    from oled_hf.cli.common import check_tokenizer_matches
+    from oled_hf.toy import TOY_CHECKPOINT
+    from transformers import AutoConfig, GenerationConfig
+
+    check_tokenizer_matches(tiny_tokenizer, tiny_model.config, tiny_model.generation_config, "tiny")
+    for folder in (TOY_CHECKPOINT, TOY_CHECKPOINT.parent / "long" / "checkpoint"):
+        check_tokenizer_matches(load_tokenizer(folder), AutoConfig.from_pretrained(folder),
+                                GenerationConfig.from_pretrained(folder), folder)
+
+
+def test_a_tokenizer_smaller_than_a_padded_vocabulary_is_allowed(tiny_model, tiny_tokenizer):
+    """Official checkpoints pad vocab_size above the tokenizer's length (157184 for LLaDA2.0-mini)."""
+    from oled_hf.cli.common import check_tokenizer_matches
+
+    padded = tiny_model.config.to_dict() | {"vocab_size": 640}
+    check_tokenizer_matches(tiny_tokenizer, type(tiny_model.config)(**padded), None, "padded")
+
+
+@pytest.mark.parametrize("size, message", [
+    (600, r"^ckpt: the tokenizer has 600 tokens but the model's vocab_size is 512 \(config.json\): ids 512 to 599 "
+          r"have no embedding"),
+    (400, r"^ckpt: the model's mask_token_id=511 \(config.json\) is not a token of its tokenizer, which has 400 "
+          r"tokens"),
+])
+def test_a_tokenizer_of_another_vocabulary_is_refused(tmp_path, tiny_model, size, message):
+    from oled_hf.checkpoints.tokenizer import build_tokenizer
+    from oled_hf.cli.common import check_tokenizer_matches
+
+    tokenizer = build_tokenizer(tmp_path / "tok", size)
+    with pytest.raises(ValueError, match=message):
+        check_tokenizer_matches(tokenizer, tiny_model.config, tiny_model.generation_config, "ckpt")
+
+
+def test_a_special_id_beyond_the_vocabulary_is_refused(tiny_model, tiny_tokenizer):
+    from types import SimpleNamespace
+
+    from oled_hf.cli.common import check_tokenizer_matches
+
+    small = SimpleNamespace(vocab_size=len(tiny_tokenizer), mask_token_id=0, eos_token_id=1, pad_token_id=1)
+    class Tok(SimpleNamespace):
+        def __len__(self):
+            return len(tiny_tokenizer)
+
+    fake = Tok(eos_token_id=len(tiny_tokenizer) + 3, mask_token_id=None, pad_token_id=None, bos_token_id=None)
+    with pytest.raises(ValueError, match=rf"the tokenizer's eos_token_id={len(tiny_tokenizer) + 3} is outside the "
+                                         rf"model's vocabulary \(allowed: 0 to {len(tiny_tokenizer) - 1}"):
+        check_tokenizer_matches(fake, small)
