@@ -203,10 +203,11 @@ def test_copy_checkpoint_edits_really_land(copy_checkpoint, tiny_model):
 # --- tokenizer vs model ------------------------------------------------------------------------------------------
 
 def test_the_checkpoints_own_tokenizers_match(tiny_model, tiny_tokenizer):
+    from transformers import AutoConfig, GenerationConfig
+
     from oled_hf.checkpoints.tokenizer import load_tokenizer
     from oled_hf.cli.common import check_tokenizer_matches
     from oled_hf.toy import TOY_CHECKPOINT
-    from transformers import AutoConfig, GenerationConfig
 
     check_tokenizer_matches(tiny_tokenizer, tiny_model.config, tiny_model.generation_config, "tiny")
     for folder in (TOY_CHECKPOINT, TOY_CHECKPOINT.parent / "long" / "checkpoint"):
