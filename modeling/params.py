@@ -8,15 +8,22 @@ raised before any forward runs.
 
 Precedence: an explicit ``generate`` argument, then the named ``decoding`` preset (from the
 arguments or ``generation_config``), then ``generation_config``, then ``DEFAULTS``. The presets
-are LLaDA2.1's recommended modes (shared/docs/llada2.md §5.5: quality = threshold 0.7, edit 0.5,
-post 16; speed = threshold 0.5, no editing, post 16). ``editing_threshold`` None disables editing,
-the LLaDA2.0 decoder and the default; passing ``editing_threshold=None`` explicitly turns it off
-even where the preset or ``generation_config`` enables it.
+are LLaDA2.1's recommended modes (the LLaDA2.1 model card, shared/docs/llada2.md §5.5: quality =
+threshold 0.7, edit 0.5, post 16; speed = threshold 0.5, edit 0.0, post 16: speed mode lowers the
+mask-to-token threshold and relies on token-to-token editing to repair drafts).
+``editing_threshold`` None disables editing, the LLaDA2.0 decoder and the default; passing
+``editing_threshold=None`` explicitly turns it off even where the preset or ``generation_config``
+enables it.
+
+Every value is checked wherever it comes from; one that came from ``generation_config`` says so
+(``block_length=0 (from generation_config) is invalid``), and :func:`check_generation_config`
+runs the same checks when a checkpoint's ``generation_config.json`` is loaded.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -26,12 +33,23 @@ from .commit import COMMIT_RULES
 
 DEFAULTS = dict(block_length=32, threshold=0.95, steps=32, max_new_tokens=128, minimal_topk=1,
                 eos_early_stop=False, do_sample=False, temperature=1.0, commit_rule="official",
-                editing_threshold=None, max_post_steps=16)
+                editing_threshold=None, max_post_steps=16, num_to_transfer=1)
 
 DECODING_PRESETS: dict[str, dict] = {
     "quality": dict(threshold=0.7, editing_threshold=0.5, max_post_steps=16),
-    "speed": dict(threshold=0.5, editing_threshold=None, max_post_steps=16),
+    "speed": dict(threshold=0.5, editing_threshold=0.0, max_post_steps=16),
 }
+
+# The most post steps (editing-only iterations after a block's last mask) a block may take: 16 times
+# the LLaDA2.1 model card's default of 16. Each post step is one full forward of the block, and an
+# iteration that edits nothing ends the block, so a block still editing after 16 post steps is
+# oscillating; 256 leaves room to study that while keeping a block's worst case bounded
+# (block_length + 256 forwards) instead of letting ``max_post_steps=10**9`` run for ever.
+MAX_POST_STEPS = 256
+# Below this, logits / temperature overflows float32 (1e-300 gives inf, then NaN probabilities):
+# the same floor as the server's (oled_hf.serve.protocol.MIN_TEMPERATURE). 0 means greedy.
+MIN_TEMPERATURE = 1e-2
+GENERATION_CONFIG = "generation_config"
 
 
 @dataclass
@@ -55,93 +73,134 @@ class DiffusionParams:
     stop_strings: list[str] = field(default_factory=list)
     editing_threshold: float | None = None  # LLaDA2.1 token editing; None = off (LLaDA2.0)
     max_post_steps: int = 16  # iterations after a block has no masks left (editing only)
+    num_to_transfer: int = 1  # editing mode: fewest masks committed per iteration (LLaDA2.1's rule)
     decoding: str | None = None  # the preset these values came from, if any
+    # where each value came from when that was generation_config (error messages say so)
+    from_config: set[str] = field(default_factory=set)
 
 
-def _get(name, kwargs, gen_config, preset=None):
+def _get(name, kwargs, gen_config, preset=None, from_config: set | None = None):
+    """Argument, else preset, else ``generation_config``, else ``DEFAULTS``; records in
+    ``from_config`` the names whose value came from ``generation_config``."""
     if kwargs.get(name) is not None:
         return kwargs.pop(name)
     kwargs.pop(name, None)
     if preset and name in preset:
         return preset[name]
     value = getattr(gen_config, name, None)
-    return DEFAULTS.get(name) if value is None else value
+    if value is None:
+        return DEFAULTS.get(name)
+    if from_config is not None:
+        from_config.add(name)
+    return value
 
 
 def _preset(kwargs: dict, gen_config) -> tuple[str | None, dict]:
     """The named decoding preset (argument first, then generation_config) and its values."""
-    name = kwargs.pop("decoding", None)
+    name, origin = kwargs.pop("decoding", None), ""
     if name is None:
-        name = getattr(gen_config, "decoding", None)
+        name, origin = getattr(gen_config, "decoding", None), f" (from {GENERATION_CONFIG})"
     if name is None:
         return None, {}
-    if name not in DECODING_PRESETS:
-        raise ValueError(f"decoding={name!r} is invalid: allowed: {', '.join(DECODING_PRESETS)} (or None)")
+    if not isinstance(name, str) or name not in DECODING_PRESETS:
+        raise ValueError(f"decoding={name!r}{origin} is invalid: allowed: {', '.join(DECODING_PRESETS)} (or None)")
     return name, DECODING_PRESETS[name]
 
 
-def _editing_threshold(kwargs: dict, gen_config, preset: dict) -> float | None:
+def _editing_threshold(kwargs: dict, gen_config, preset: dict, from_config: set) -> float | None:
     """An explicit ``editing_threshold=None`` argument disables editing (unlike other None arguments)."""
     if "editing_threshold" in kwargs:
         return kwargs.pop("editing_threshold")
     if "editing_threshold" in preset:
         return preset["editing_threshold"]
-    return getattr(gen_config, "editing_threshold", None)
+    value = getattr(gen_config, "editing_threshold", None)
+    if value is not None:
+        from_config.add("editing_threshold")
+    return value
 
 
 def resolve_params(
-    model_config, generation_config: GenerationConfig | None, prompt_length: int, kwargs: dict
+    model_config, generation_config: GenerationConfig | None, prompt_length: int | None, kwargs: dict
 ) -> DiffusionParams:
-    """Consume the keys this decoder understands from ``kwargs``; leftovers are reported by the caller."""
+    """Consume the keys this decoder understands from ``kwargs``; leftovers are reported by the caller.
+
+    ``prompt_length`` None skips the checks that need a prompt (whether it fits the context).
+    """
     gen = copy.deepcopy(generation_config) if generation_config is not None else GenerationConfig()
+    seen: set[str] = set()
+    explicit_transfer = kwargs.get("num_to_transfer") is not None
     if "gen_length" in kwargs:  # the official LLaDA2 generate's name
         kwargs.setdefault("max_new_tokens", kwargs.pop("gen_length"))
     max_length = kwargs.pop("max_length", None)
-    if kwargs.get("max_new_tokens") is None and max_length is not None:
+    if kwargs.get("max_new_tokens") is None and max_length is not None and prompt_length is not None:
         kwargs["max_new_tokens"] = max_length - prompt_length
-    eos = _get("eos_token_id", kwargs, gen)
+    eos = _get("eos_token_id", kwargs, gen, from_config=seen)
     if eos is None:
         eos = model_config.eos_token_id
     eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
-    pad = _get("pad_token_id", kwargs, gen)
+    pad = _get("pad_token_id", kwargs, gen, from_config=seen)
     pad = model_config.pad_token_id if pad is None else pad
     if pad is None:
         pad = eos_ids[0] if eos_ids else 0
-    mask = _get("mask_token_id", kwargs, gen)
+    mask = _get("mask_token_id", kwargs, gen, from_config=seen)
     mask = model_config.mask_token_id if mask is None else mask
     stop = kwargs.pop("stop_strings", None) or getattr(gen, "stop_strings", None) or []
     use_cache = kwargs.pop("use_cache", None)
     decoding, preset = _preset(kwargs, gen)
+
+    def get(name, use_preset=False):
+        return _get(name, kwargs, gen, preset if use_preset else None, seen)
+
     params = DiffusionParams(
-        max_new_tokens=_get("max_new_tokens", kwargs, gen),
-        block_length=_get("block_length", kwargs, gen),
-        threshold=_get("threshold", kwargs, gen, preset),
-        steps=_get("steps", kwargs, gen),
-        minimal_topk=_get("minimal_topk", kwargs, gen),
-        do_sample=bool(_get("do_sample", kwargs, gen)),
-        temperature=_get("temperature", kwargs, gen),
-        top_k=_get("top_k", kwargs, gen),
-        top_p=_get("top_p", kwargs, gen),
-        eos_early_stop=bool(_get("eos_early_stop", kwargs, gen)),
+        max_new_tokens=get("max_new_tokens"),
+        block_length=get("block_length"),
+        threshold=get("threshold", True),
+        steps=get("steps"),
+        minimal_topk=get("minimal_topk"),
+        do_sample=bool(get("do_sample")),
+        temperature=get("temperature"),
+        top_k=get("top_k"),
+        top_p=get("top_p"),
+        eos_early_stop=bool(get("eos_early_stop")),
         eos_token_ids=eos_ids,
-        pad_token_id=int(pad),
-        mask_token_id=int(mask),
-        commit_rule=_get("commit_rule", kwargs, gen),
+        pad_token_id=pad,
+        mask_token_id=mask,
+        commit_rule=get("commit_rule"),
         use_cache=True if use_cache is None else bool(use_cache),
-        return_dict_in_generate=bool(_get("return_dict_in_generate", kwargs, gen)),
+        return_dict_in_generate=bool(get("return_dict_in_generate")),
         stop_strings=[stop] if isinstance(stop, str) else list(stop),
-        editing_threshold=_editing_threshold(kwargs, gen, preset),
-        max_post_steps=_get("max_post_steps", kwargs, gen, preset),
+        editing_threshold=_editing_threshold(kwargs, gen, preset, seen),
+        max_post_steps=get("max_post_steps", True),
+        num_to_transfer=get("num_to_transfer"),
         decoding=decoding,
+        from_config=seen,
     )
+    if explicit_transfer and params.editing_threshold is None:
+        raise ValueError(f"num_to_transfer={params.num_to_transfer!r} applies only with token editing "
+                         "(editing_threshold set, or decoding='quality'/'speed'); without editing the steps "
+                         "schedule decides how many tokens each iteration commits")
     validate_params(params, model_config, prompt_length)
     return params
 
 
-def validate_params(p: DiffusionParams, model_config, prompt_length: int) -> None:
-    def bad(name, value, allowed):
-        raise ValueError(f"{name}={value!r} is invalid: {allowed}")
+def check_generation_config(generation_config: GenerationConfig, model_config, where: str) -> None:
+    """Refuse, when a checkpoint is loaded, a ``generation_config.json`` that every ``generate`` would
+    refuse (``block_length 0``, ``threshold 5``, ``max_post_steps 10**9``...): the error names the file
+    (``where``), the field, its value and what is allowed, instead of failing each later call."""
+    try:
+        resolve_params(model_config, generation_config, None, {})
+    except ValueError as error:
+        raise ValueError(f"{where}: {error}; fix or remove that field") from None
 
+
+def validate_params(p: DiffusionParams, model_config, prompt_length: int | None) -> None:
+    """Every value's type and range; then, given a prompt length, whether prompt + generation fit."""
+
+    def bad(name, value, allowed):
+        origin = f" (from {GENERATION_CONFIG})" if name in p.from_config else ""
+        raise ValueError(f"{name}={value!r}{origin} is invalid: {allowed}")
+
+    vocab = model_config.vocab_size
     if not _is_int(p.block_length) or p.block_length <= 0:
         bad("block_length", p.block_length, "must be a positive integer")
     if not _is_number(p.threshold) or not 0.0 <= p.threshold <= 1.0:
@@ -152,36 +211,63 @@ def validate_params(p: DiffusionParams, model_config, prompt_length: int) -> Non
         bad("steps", p.steps, "must be a positive integer (denoising steps per block)")
     if not _is_int(p.minimal_topk) or p.minimal_topk <= 0:
         bad("minimal_topk", p.minimal_topk, "must be a positive integer")
-    if p.do_sample and (p.temperature is None or p.temperature < 0):
-        bad("temperature", p.temperature, "must be >= 0")
-    if p.top_k is not None and p.top_k < 0:
-        bad("top_k", p.top_k, "must be >= 0 (0 disables it)")
-    if p.top_p is not None and not 0.0 < p.top_p <= 1.0:
-        bad("top_p", p.top_p, "must be in (0, 1]")
-    if p.editing_threshold is not None and (
-        isinstance(p.editing_threshold, bool) or not isinstance(p.editing_threshold, (int, float))
-        or not 0.0 <= p.editing_threshold <= 1.0
-    ):
+    if not _is_number(p.temperature) or not math.isfinite(p.temperature) or (
+            p.temperature != 0 and p.temperature < MIN_TEMPERATURE):
+        bad("temperature", p.temperature, f"must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE:g} "
+            "(smaller values overflow logits / temperature)")
+    if p.top_k is not None and (not _is_int(p.top_k) or p.top_k < 0):
+        bad("top_k", p.top_k, "must be None or an integer >= 0 (0 disables it)")
+    if p.top_p is not None and (not _is_number(p.top_p) or not 0.0 < p.top_p <= 1.0):
+        bad("top_p", p.top_p, "must be None or in (0, 1]")
+    if p.editing_threshold is not None and (not _is_number(p.editing_threshold)
+                                            or not 0.0 <= p.editing_threshold <= 1.0):
         bad("editing_threshold", p.editing_threshold, "must be None (no editing) or between 0 and 1 (inclusive)")
-    if isinstance(p.max_post_steps, bool) or not isinstance(p.max_post_steps, int) or p.max_post_steps < 0:
-        bad("max_post_steps", p.max_post_steps, "must be an integer >= 0 (editing iterations after a block's masks)")
+    if not _is_int(p.max_post_steps) or not 0 <= p.max_post_steps <= MAX_POST_STEPS:
+        bad("max_post_steps", p.max_post_steps, f"must be an integer from 0 to {MAX_POST_STEPS} (editing "
+            "iterations after a block's last mask; the LLaDA2.1 default is 16)")
+    if not _is_int(p.num_to_transfer) or not 1 <= p.num_to_transfer <= p.block_length:
+        bad("num_to_transfer", p.num_to_transfer, f"must be an integer from 1 to block_length={p.block_length} "
+            "(masks committed per editing iteration when too few are above threshold)")
     if p.commit_rule not in COMMIT_RULES:
         bad("commit_rule", p.commit_rule, f"allowed: {', '.join(COMMIT_RULES)}")
-    vocab = model_config.vocab_size
-    if not 0 <= p.mask_token_id < vocab:
-        bad("mask_token_id", p.mask_token_id, f"must be a token id below vocab_size={vocab}")
-    limit = model_config.max_position_embeddings
+    for name, value in (("mask_token_id", p.mask_token_id), ("pad_token_id", p.pad_token_id)):
+        if not _is_int(value) or not 0 <= value < vocab:
+            bad(name, value, f"must be a token id from 0 to {vocab - 1} (vocab_size={vocab})")
+    for value in p.eos_token_ids:
+        if not _is_int(value):
+            bad("eos_token_id", value, "must be a token id (an integer) or a list of them")
+    if prompt_length is not None:
+        check_context(prompt_length, p.max_new_tokens, p.block_length, model_config.max_position_embeddings)
+
+
+def check_context(prompt_length: int, max_new_tokens: int, block_length: int, limit: int) -> None:
+    """The canvas (prompt + max_new_tokens rounded up to whole blocks) must fit max_position_embeddings.
+
+    Says which part does not fit: the prompt, one block after it, or the requested tokens (then with
+    the largest max_new_tokens that fits), never a negative "allowed" count.
+    """
     if prompt_length > limit:
         raise ValueError(
             f"prompt has {prompt_length} tokens, longer than max_position_embeddings={limit}; shorten the prompt"
         )
-    total = -(-(prompt_length + p.max_new_tokens) // p.block_length) * p.block_length
-    if total > limit:
+    if block_length > limit:
+        raise ValueError(f"block_length={block_length} does not fit the context: it is longer than "
+                         f"max_position_embeddings={limit}; use a block_length of at most {limit}")
+    total = -(-(prompt_length + max_new_tokens) // block_length) * block_length
+    if total <= limit:
+        return
+    room = limit // block_length * block_length - prompt_length
+    if room <= 0:
+        first = -(-(prompt_length + 1) // block_length) * block_length
         raise ValueError(
-            f"prompt ({prompt_length} tokens) + max_new_tokens={p.max_new_tokens}, rounded up to whole blocks of "
-            f"{p.block_length}, needs {total} positions but max_position_embeddings={limit}; "
-            f"allowed max_new_tokens here: at most {limit // p.block_length * p.block_length - prompt_length}"
-        )
+            f"the prompt ({prompt_length} tokens) does not leave room for a block: the prompt plus one generated "
+            f"token, rounded up to whole blocks of block_length={block_length}, needs {first} positions but "
+            f"max_position_embeddings={limit}; shorten the prompt or use a smaller block_length")
+    raise ValueError(
+        f"prompt ({prompt_length} tokens) + max_new_tokens={max_new_tokens}, rounded up to whole blocks of "
+        f"{block_length}, needs {total} positions but max_position_embeddings={limit}; "
+        f"allowed max_new_tokens here: at most {room}"
+    )
 
 
 def _is_int(value) -> bool:

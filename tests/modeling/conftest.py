@@ -9,12 +9,14 @@ follows the rules literally, so ``generate`` can be compared with it token for t
 - 2.0 (§5.1): per-block schedule of ``block_length`` tokens spread over ``steps`` (remainder
   first); commit every masked position with p > threshold if there are at least ``n_s`` of them,
   else the ``n_s`` most confident; at most ``steps`` iterations per block.
-- 2.1 (§5.5, as the diffusers/dllm reimplementations describe it): the same mask commits, plus,
-  with ``editing_threshold`` set, every position of the block that was decoded before this
-  iteration and is not prompt is replaced where the argmax differs and p > editing_threshold;
-  once nothing is masked at the start of an iteration it is a post step; the block ends after an
-  iteration that started with nothing masked and edited nothing, or before a post step beyond
-  ``max_post_steps``.
+- 2.1 (§5.5, the public 2.1 ``generate``: dllm ``pipelines/llada21``; SGLang ``JointThreshold``),
+  with ``editing_threshold`` set: no schedule; each iteration commits every masked position with
+  p > threshold if there are at least ``num_to_transfer`` of them, else the ``num_to_transfer``
+  most confident; every position of the block that was decoded before this iteration and is not
+  prompt is replaced where the argmax differs and p > editing_threshold; once nothing is masked
+  at the start of an iteration it is a post step; the block ends after an iteration that started
+  with nothing masked and edited nothing, or before a post step beyond ``max_post_steps``, and
+  takes at most ``max(steps, block_length) + max_post_steps`` iterations.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def _greedy(logits: torch.Tensor, mask_id: int) -> tuple[torch.Tensor, torch.Ten
 
 def reference_generate(model, prompt: torch.Tensor, *, gen_length: int, block_length: int, steps: int,
                        threshold: float, mask_id: int, eos_id: int, editing_threshold: float | None = None,
-                       max_post_steps: int = 16) -> tuple[list[int], int]:
+                       max_post_steps: int = 16, num_to_transfer: int = 1) -> tuple[list[int], int]:
     """New tokens (cut after the first EOS) and the number of denoising forwards."""
     p_len, b = int(prompt.shape[0]), block_length
     steps = min(steps, gen_length)
@@ -51,7 +53,7 @@ def reference_generate(model, prompt: torch.Tensor, *, gen_length: int, block_le
         end, start = (blk + 1) * b, blk * b
         prompt_cols = torch.arange(start, end) < p_len
         step, post = 0, 0
-        while True:
+        while editing_threshold is None or step < max(steps, b) + max_post_steps:
             masked = x[0, start:end] == mask_id
             if not masked.any():
                 if editing_threshold is None:
@@ -67,7 +69,10 @@ def reference_generate(model, prompt: torch.Tensor, *, gen_length: int, block_le
             ids, prob = _greedy(logits, mask_id)
             commit = torch.zeros(b, dtype=torch.bool)
             if masked.any():
-                n = schedule[step] if step < steps else 1
+                if editing_threshold is not None:
+                    n = num_to_transfer  # 2.1: no schedule
+                else:
+                    n = schedule[step] if step < steps else 1
                 conf = torch.where(masked, prob, torch.full_like(prob, float("-inf")))
                 high = conf > threshold
                 if int(high.sum()) >= n:

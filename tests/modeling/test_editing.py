@@ -100,17 +100,41 @@ def test_editing_off_is_the_llada20_decoder(tiny_model, tiny_tokenizer):
     assert never.forwards == base.forwards + 1  # the last block has no refresh to save
 
 
-@pytest.mark.parametrize("kwargs", [EDIT_ALWAYS, dict(editing_threshold=0.0, max_post_steps=0)])
-def test_matches_official_21_rules(tiny_model, tiny_tokenizer, official_generate, kwargs):
+@pytest.mark.parametrize("steps, kwargs", [
+    (8, EDIT_ALWAYS),
+    (8, dict(editing_threshold=0.0, max_post_steps=0)),
+    # steps < block_length: the 2.1 rule commits one mask per iteration (num_to_transfer=1) where the
+    # 2.0 schedule would commit block_length / steps = 4; steps sizes nothing in editing mode
+    (2, EDIT_ALWAYS),
+    (2, dict(editing_threshold=0.0, max_post_steps=2, num_to_transfer=3)),
+    (4, dict(editing_threshold=1.0, max_post_steps=2)),
+])
+def test_matches_official_21_rules(tiny_model, tiny_tokenizer, official_generate, steps, kwargs):
     cfg = tiny_model.config
     ids = _chat(tiny_tokenizer, "what is the weather")["input_ids"]
-    want, forwards = official_generate(tiny_model, ids[0], gen_length=24, block_length=8, steps=8, threshold=0.95,
-                                       mask_id=cfg.mask_token_id, eos_id=cfg.eos_token_id, **kwargs)
-    for use_cache in (True, False):
-        out = tiny_model.generate(ids, max_new_tokens=24, block_length=8, steps=8, threshold=0.95,
-                                  use_cache=use_cache, return_dict_in_generate=True, **kwargs)
-        assert out.sequences[0, ids.shape[1]:].tolist() == want and int(out.iterations[0]) == forwards
-        assert int(out.edits[0]) > 0
+    for threshold in (0.95, 1.0):
+        want, forwards = official_generate(tiny_model, ids[0], gen_length=24, block_length=8, steps=steps,
+                                           threshold=threshold, mask_id=cfg.mask_token_id, eos_id=cfg.eos_token_id,
+                                           **kwargs)
+        for use_cache in (True, False):
+            out = tiny_model.generate(ids, max_new_tokens=24, block_length=8, steps=steps, threshold=threshold,
+                                      use_cache=use_cache, return_dict_in_generate=True, **kwargs)
+            assert out.sequences[0, ids.shape[1]:].tolist() == want and int(out.iterations[0]) == forwards
+            assert (int(out.edits[0]) > 0) == (kwargs["editing_threshold"] < 1.0)
+
+
+def test_editing_commits_num_to_transfer_per_iteration_not_the_steps_schedule(tiny_model):
+    """threshold 1.0 (nothing above it), block 8, steps 2: the 2.0 schedule commits 4 + 4; editing
+    mode commits num_to_transfer per iteration whatever steps says (the 2.1 rule)."""
+    prompt = torch.arange(5, 21).unsqueeze(0)  # 16 tokens: whole blocks
+    kw = dict(max_new_tokens=8, block_length=8, steps=2, threshold=1.0)
+    counts = {}
+    for name, extra in (("2.0", {}), ("2.1", dict(editing_threshold=1.0)),
+                        ("2.1 n=3", dict(editing_threshold=1.0, num_to_transfer=3))):
+        rec = _Events()
+        tiny_model.generate(prompt, observers=[rec], **kw, **extra)
+        counts[name] = [int(e.committed.sum()) for e in rec.events]
+    assert counts == {"2.0": [4, 4], "2.1": [1] * 8 + [0], "2.1 n=3": [3, 3, 2, 0]}  # then one post step
 
 
 def test_cached_equals_uncached_with_editing(tiny_model, tiny_tokenizer):
@@ -160,7 +184,8 @@ def test_presets_from_argument_and_generation_config(tiny_model, tiny_tokenizer)
     q = resolve_params(cfg, None, 3, {"decoding": "quality"})
     assert (q.threshold, q.editing_threshold, q.max_post_steps, q.decoding) == (0.7, 0.5, 16, "quality")
     s = resolve_params(cfg, GenerationConfig(decoding="quality"), 3, {"decoding": "speed"})
-    assert (s.threshold, s.editing_threshold) == (0.5, None)
+    # the LLaDA2.1 model card's speed mode edits: threshold 0.5, editing_threshold 0.0, 16 post steps
+    assert (s.threshold, s.editing_threshold, s.max_post_steps, s.num_to_transfer) == (0.5, 0.0, 16, 1)
     g = resolve_params(cfg, GenerationConfig(decoding="quality", threshold=0.95), 3, {"threshold": 0.8})
     assert (g.threshold, g.editing_threshold) == (0.8, 0.5)  # argument > preset > generation_config
     off = resolve_params(cfg, GenerationConfig(decoding="quality"), 3, {"editing_threshold": None})
@@ -169,6 +194,9 @@ def test_presets_from_argument_and_generation_config(tiny_model, tiny_tokenizer)
     out = tiny_model.generate(**_chat(tiny_tokenizer, "hi"), max_new_tokens=8, block_length=8, decoding="quality",
                               return_dict_in_generate=True)
     assert out.edits_per_block.shape == (1, int(out.blocks[0]))
+    speed = tiny_model.generate(**_chat(tiny_tokenizer, "hi"), max_new_tokens=8, block_length=8, decoding="speed",
+                                return_dict_in_generate=True)
+    assert int(speed.edits[0]) > 0  # speed mode edits (editing_threshold 0.0: wherever the argmax moved)
 
 
 def test_pipeline_passes_decoding(tiny_model, tiny_tokenizer):
@@ -188,10 +216,30 @@ def test_pipeline_passes_decoding(tiny_model, tiny_tokenizer):
     (dict(editing_threshold="high"), "editing_threshold='high'"),
     (dict(max_post_steps=-1), "max_post_steps=-1"),
     (dict(max_post_steps=2.5), "max_post_steps=2.5"),
+    (dict(editing_threshold=0.5, max_post_steps=10**9),
+     r"max_post_steps=1000000000 is invalid: must be an integer from 0 to 256"),
+    (dict(editing_threshold=0.5, max_post_steps=257), r"max_post_steps=257 is invalid: must be an integer from 0"),
+    (dict(editing_threshold=0.5, num_to_transfer=0), r"num_to_transfer=0 is invalid: must be an integer from 1 to "
+                                                     r"block_length=32"),
+    (dict(editing_threshold=0.5, num_to_transfer=33), r"num_to_transfer=33 is invalid"),
+    (dict(editing_threshold=0.5, num_to_transfer=1.5), r"num_to_transfer=1.5 is invalid"),
+    (dict(num_to_transfer=2), r"num_to_transfer=2 applies only with token editing"),
 ])
 def test_bad_editing_arguments_raise(tiny_model, kwargs, message):
+    forwards = []
+    observer = type("O", (), {"on_forward": lambda self, k, b, i: forwards.append(k)})()
     with pytest.raises(ValueError, match=message):
-        tiny_model.generate(torch.tensor([[1, 2, 3]]), **kwargs)
+        tiny_model.generate(torch.tensor([[1, 2, 3]]), observers=[observer], **kwargs)
+    assert forwards == []
+
+
+def test_max_post_steps_at_the_bound_ends(tiny_model, tiny_tokenizer):
+    """The largest allowed value runs (the shipped toy edits on every post step, so this is the worst case)."""
+    from oled_hf.modeling.params import MAX_POST_STEPS
+
+    out = tiny_model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=4, block_length=4, editing_threshold=0.0,
+                              max_post_steps=MAX_POST_STEPS, return_dict_in_generate=True)
+    assert int(out.iterations[0]) <= int(out.blocks[0]) * (4 + MAX_POST_STEPS)
 
 
 def test_eos_early_stop_waits_for_the_final_block_when_editing(tiny_model, tiny_tokenizer, monkeypatch):

@@ -1,4 +1,9 @@
-"""Grouped expert execution: bit-identical to the per-expert loop, weights shared with the modules."""
+"""Grouped expert execution: equal to the per-expert loop within rounding, weights shared with the modules.
+
+The grouped kernel fuses gate and up into one GEMM, which may round differently from the loop's two
+(how often depends on the CPU's ISA), so these compare with a stated tolerance (modeling/experts.py
+docstring); only the same kernel on both sides (resident vs offloaded, saved vs reloaded) is exact.
+"""
 
 import pytest
 import torch
@@ -12,6 +17,11 @@ from oled_hf.modeling.experts import (
     sort_pairs,
     swiglu_expert,
 )
+
+# Per-element tolerances: fp32 a few ulps after accumulation; bf16 logits one bf16 ulp below 16 (the bound
+# the experts docstring states), bf16 single-layer outputs torch's default bf16 tolerance.
+LOGITS_TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.bfloat16: dict(rtol=0.0, atol=0.0625)}
+SWIGLU_TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=1.6e-2, atol=1e-2)}
 
 pytestmark = pytest.mark.skipif(not grouped_supported("cpu", torch.float32), reason="torch has no CPU grouped GEMM")
 
@@ -34,7 +44,7 @@ def test_grouped_swiglu_equals_loop_with_empty_and_single_row_groups(dtype):
     start = 0
     for e, c in enumerate(counts):
         ref = swiglu_expert(x[start:start + c], gate_up[e, :i], gate_up[e, i:], down[e])
-        assert torch.equal(out[start:start + c], ref), e
+        torch.testing.assert_close(out[start:start + c], ref, **SWIGLU_TOL[dtype], msg=f"group {e}")
         start += c
 
 
@@ -51,8 +61,8 @@ def test_grouped_resident_logits_and_tokens_equal_loop(tiny_path, tiny_tokenizer
             logits = model(ids, block_length=8).logits
         tokens = model.generate(**prompt, max_new_tokens=24, block_length=8, threshold=0.9)
         results.append((logits, tokens))
-    assert torch.equal(results[0][0], results[1][0])
-    assert torch.equal(results[0][1], results[1][1])
+    torch.testing.assert_close(results[0][0], results[1][0], **LOGITS_TOL[dtype])
+    assert torch.equal(results[0][1], results[1][1])  # measured: no token changes on this checkpoint
 
 
 def test_bank_is_shared_with_parameters_and_state_dict_is_unchanged(tiny_path, tmp_path):
@@ -79,7 +89,7 @@ def test_bank_is_shared_with_parameters_and_state_dict_is_unchanged(tiny_path, t
         _set(model, LOOP_EXECUTOR)
         loop = model(ids, block_length=8).logits
         _set(model, RESIDENT_EXECUTOR)
-        assert torch.equal(model(ids, block_length=8).logits, loop)
+        torch.testing.assert_close(model(ids, block_length=8).logits, loop, **LOGITS_TOL[torch.bfloat16])
         assert expert_bank(block).gate_up.dtype == torch.bfloat16
     assert before.dtype == torch.float32
 

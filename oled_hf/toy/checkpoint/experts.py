@@ -6,14 +6,28 @@ executor below runs all active experts of a layer as two grouped GEMMs (gate and
 down) over tokens sorted by expert once; the offload runtime installs another executor that runs
 the same grouped kernel over the GPU slot pool and over the host store for CPU misses. Both use
 the helpers here (pair sorting, the grouped SwiGLU, the weighted combine), so the offloaded path
-does the same math in the same order and gives bit-identical logits on one device.
+does the same math in the same order.
+
+Which equalities hold, exactly:
+
+- resident (grouped) == offloaded, bit for bit, on one device: the same kernel on the same rows
+  in the same order (a stable sort gives each expert's GEMM identical inputs whether the group key
+  is the expert id or its slot). Tests assert this with ``torch.equal``.
+- grouped == :class:`LoopExpertsExecutor` (three GEMMs per expert, as the official ``moe_infer``
+  runs them) and == the official code: within rounding, not bit for bit. The grouped call fuses
+  gate and up into one GEMM of width ``2I``, which the CPU (and CUDA) matmul may block and round
+  differently from two GEMMs of width ``I`` for some expert/row combinations; how often depends on
+  the ISA (AVX2 vs AVX-512) and the shapes. Measured max-abs-diff on logits (random prompts of 32
+  to 256 tokens, 2026-12-02, AVX-512 CPU): bf16 at most 0.0625 (one bf16 ulp at |logit| < 16; the
+  long toy against the official code: 0.03125), fp32 at most 3e-5. No generated token changed in
+  any comparison (issue 28). Tests compare these with a stated tolerance.
 
 Why grouped: a Python loop over active experts (three GEMMs each) costs ~20 us of host time per
 expert, ~60 experts x 19 layers per iteration at LLaDA2.0-mini scale; one grouped call per
 projection costs the same arithmetic and a few launches. ``torch.nn.functional.grouped_mm`` runs
-on CUDA and on the CPU, where it calls the same matmul per group as the loop (so both round
-alike). :class:`LoopExpertsExecutor` keeps the per-expert loop as the reference the tests compare
-against, and is the fallback where this torch has no grouped GEMM for the device and dtype.
+on CUDA and on the CPU. :class:`LoopExpertsExecutor` keeps the per-expert loop as the reference
+the tests compare against, and is the fallback where this torch has no grouped GEMM for the
+device and dtype.
 
 The per-expert ``nn.Linear`` modules keep their official parameter names (official checkpoints
 load unrenamed). On the first grouped forward the block's weights are copied once into two

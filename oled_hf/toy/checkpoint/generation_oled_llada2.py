@@ -8,10 +8,16 @@ writes its clean KV (skipped when the last iteration changed nothing, dInfer's r
 Where each behaviour comes from: the commit rule, its per-step schedule (sized by
 ``block_length``) and the EOS cut are the official LLaDA2.0 ``generate`` (§5.1); the cache and the
 ``dinfer`` commit rule are dInfer's (§5.2); LLaDA2.1 token editing (``editing_threshold``,
-``max_post_steps``, the ``quality``/``speed`` presets) is the rule the diffusers
-``BlockRefinementScheduler`` and the dllm LLaDA2.1 sampler reimplement (§5.5): the official 2.1
-remote code was not among our sources. Our own additions: the mask token is never chosen, and
-rows of a batch decode (and edit) independently on a shared block grid.
+``max_post_steps``, ``num_to_transfer``, the ``quality``/``speed`` presets) is the public 2.1
+``generate`` (dllm ``pipelines/llada21``, which mirrors the official remote code; SGLang's
+``JointThreshold`` and diffusers' ``BlockRefinementScheduler`` implement the same rule, §5.5): in
+editing mode each iteration commits every masked position above ``threshold``, else the
+``num_to_transfer`` most confident, and ``steps`` sizes no schedule. Deliberate differences from
+the official decoders: the mask token is never chosen (the official 2.1 decoder can edit a token
+back into the mask and never finish), the top-n fallback never commits over an unmasked position,
+``max_post_steps`` is bounded (``params.MAX_POST_STEPS``), rows of a batch decode (and edit)
+independently on a shared block grid, and the output is cut after the first EOS after the prompt
+and is never longer than ``max_new_tokens``.
 
 The mixin's name contains "GenerationMixin" on purpose: Transformers then
 treats the model as able to generate (``can_generate``) and does not graft its own mixin on.
@@ -30,7 +36,7 @@ from transformers.utils import ModelOutput
 from .canvas import build_canvas, prompt_rows
 from .commit import choose_tokens, commit_dinfer, commit_official, edit_positions, transfer_schedule
 from .events import IterationEvent, IterationObserver
-from .params import DiffusionParams, check_inputs, check_prompt_tokens, resolve_params
+from .params import DiffusionParams, check_generation_config, check_inputs, check_prompt_tokens, resolve_params
 
 logger = logging.getLogger(__name__)
 
@@ -79,19 +85,30 @@ class DiffusionGenerationMixin:
     def adjust_generation_fn(self, generation_config, from_auto_class, from_pipeline, pretrained_model_name_or_path,
                              cache_dir=None, force_download=False, proxies=None, local_files_only=False,
                              token=None, revision=None, subfolder="", trust_remote_code=None, **kwargs):
+        """Load the checkpoint's generation config and refuse one that every ``generate`` would refuse.
+
+        Checked here, at load, so that a ``generation_config.json`` with ``block_length 0`` or
+        ``max_post_steps 10**9`` fails once, naming the file and the field, instead of failing (or
+        never ending) every later call.
+        """
         if generation_config is not None:
-            self.generation_config = GenerationConfig.from_dict(generation_config.to_dict())
+            loaded = GenerationConfig.from_dict(generation_config.to_dict())
+            check_generation_config(loaded, self.config, "the generation_config passed to from_pretrained")
+            self.generation_config = loaded
             return
         if pretrained_model_name_or_path is None:
             return
+        local = os.path.join(str(pretrained_model_name_or_path), subfolder or "", "generation_config.json")
         try:
-            self.generation_config = GenerationConfig.from_pretrained(
+            loaded = GenerationConfig.from_pretrained(
                 pretrained_model_name_or_path, cache_dir=cache_dir, force_download=force_download, proxies=proxies,
                 local_files_only=local_files_only, token=token, revision=revision, subfolder=subfolder,
                 _from_auto=from_auto_class, _from_pipeline=from_pipeline,
             )
+            check_generation_config(loaded, self.config, local if os.path.isfile(local) else
+                                    f"generation_config.json of {pretrained_model_name_or_path}")
+            self.generation_config = loaded
         except OSError as error:
-            local = os.path.join(str(pretrained_model_name_or_path), subfolder or "", "generation_config.json")
             if os.path.isfile(local):  # there but unreadable: say so instead of silently using defaults
                 logger.warning("%s could not be read (%s); generate uses block-diffusion defaults instead",
                                local, error)
@@ -111,10 +128,17 @@ class DiffusionGenerationMixin:
         tokenizer=None,
         **kwargs,
     ) -> torch.LongTensor | DiffusionGenerateOutput:
+        if "input_ids" in kwargs and inputs is not None:
+            raise TypeError("generate() got multiple values for argument 'input_ids': passed positionally "
+                            "(inputs) and as input_ids=; pass it once")
+        if kwargs.pop("inputs_embeds", None) is not None:
+            raise ValueError("inputs_embeds is not supported by block-diffusion generate: the decoder writes mask "
+                             "tokens into the sequence and reads token ids back; pass input_ids")
         input_ids = kwargs.pop("input_ids", None)
         input_ids = inputs if input_ids is None else input_ids
         if input_ids is None:
             raise ValueError("input_ids is required: block diffusion decodes after a non-empty prompt")
+        check_streamer(streamer)
         input_ids, attention_mask = check_inputs(input_ids, kwargs.pop("attention_mask", None))
         for alias, name in (("eos_id", "eos_token_id"), ("mask_id", "mask_token_id")):
             if alias in kwargs:
@@ -225,15 +249,17 @@ class _BlockDecoder:
         whether the block's tokens changed after the last forward (its KV is then stale).
 
         Without editing (LLaDA2.0) a row's block is final when nothing is masked. With
-        ``editing_threshold`` (LLaDA2.1, §5.5) each row also replaces decoded tokens (``edit_positions``)
-        and keeps iterating: an iteration that starts with nothing masked is a post step, and the row's
-        block is final after such an iteration edits nothing, or before a post step beyond
-        ``max_post_steps``. Rows are independent: a final row is forwarded with the others but never
-        changes again, so it gets the tokens it gets alone. ``eos_early_stop`` stops a row mid-block only
-        without editing (§5.1); with editing an EOS can still be edited away, so, as in the dllm LLaDA2.1
-        sampler, a row stops at the end of the block that holds its EOS. Iterations per block are at most the
-        block's masked count plus ``max_post_steps``: every iteration with masks commits one or more,
-        and an edit never re-masks.
+        ``editing_threshold`` (LLaDA2.1, §5.5) each iteration commits by the 2.1 rule (``_scheduled``:
+        every mask above ``threshold``, else the ``num_to_transfer`` most confident), each row also
+        replaces decoded tokens (``edit_positions``) and keeps iterating: an iteration that starts with
+        nothing masked is a post step, and the row's block is final after such an iteration edits
+        nothing, or before a post step beyond ``max_post_steps``. Rows are independent: a final row is
+        forwarded with the others but never changes again, so it gets the tokens it gets alone.
+        ``eos_early_stop`` stops a row mid-block only without editing (§5.1); with editing an EOS can
+        still be edited away, so, as in the 2.1 ``generate``, a row stops at the end of the block that
+        holds its EOS. Iterations per block are at most the block's masked count plus
+        ``max_post_steps`` (at most ``params.MAX_POST_STEPS``): every iteration with masks commits one
+        or more, and an edit never re-masks.
         """
         c, p = self.canvas, self.p
         rows = c.tokens.shape[0]
@@ -263,8 +289,7 @@ class _BlockDecoder:
             logits = self._forward("denoise", block, iteration, cols, c.block_length)
             check_finite(logits, masked, block, iteration)
             before = c.tokens[:, cols]
-            committed, ids, prob = self._commit(logits, masked, self.schedule[:, min(iteration, steps - 1)],
-                                                iteration, steps)
+            committed, ids, prob = self._commit(logits, masked, self._scheduled(iteration, steps, editing))
             edited = torch.zeros_like(committed)
             if editing:
                 editable = generated & ~masked & open_rows[:, None] & ~self.done[:, None]  # decoded, not prompt
@@ -288,7 +313,21 @@ class _BlockDecoder:
         c = self.canvas
         return (c.tokens[:, cols] == self.p.mask_token_id) & c.valid[:, cols].bool() & ~self.done[:, None]
 
-    def _commit(self, logits, masked, scheduled, iteration, steps):
+    def _scheduled(self, iteration: int, steps: int, editing: bool) -> torch.Tensor:
+        """Per row, the fewest masks the official rule commits this iteration (fewer only if fewer are left).
+
+        LLaDA2.0: the per-block schedule (``block_length`` over ``steps``), then one per step past it
+        (reachable only when the schedule's commits ran behind). LLaDA2.1 editing mode: the 2.1
+        ``generate``'s rule, ``num_to_transfer`` every iteration; ``steps`` sizes nothing.
+        """
+        rows = self.schedule.shape[0]
+        if editing:
+            return torch.full((rows,), self.p.num_to_transfer, dtype=torch.long)
+        if iteration < steps:
+            return self.schedule[:, iteration]
+        return torch.ones(rows, dtype=torch.long)
+
+    def _commit(self, logits, masked, scheduled):
         p = self.p
         ids, prob = choose_tokens(logits, p.mask_token_id, do_sample=p.do_sample, temperature=p.temperature,
                                   top_k=p.top_k, top_p=p.top_p, generator=self.generator)
@@ -296,9 +335,7 @@ class _BlockDecoder:
         if p.commit_rule == "dinfer":
             committed = commit_dinfer(confidence, p.threshold)
         else:
-            # Past the schedule (only reachable with commits behind it), fall back to one per step.
-            committed = commit_official(confidence, scheduled if iteration < steps else torch.ones_like(scheduled),
-                                        p.threshold)
+            committed = commit_official(confidence, scheduled, p.threshold)
         return committed & masked, ids, prob
 
     def _eos_hits(self, row_tokens: torch.Tensor) -> torch.Tensor:
@@ -350,6 +387,17 @@ class _BlockDecoder:
         return DiffusionGenerateOutput(sequences=sequences, iterations=iterations, tokens_per_forward=tpf,
                                        blocks=blocks, forwards=self.forwards, edits=edits.sum(-1),
                                        edits_per_block=edits[:, :decoded])
+
+
+def check_streamer(streamer) -> None:
+    """A streamer needs callable ``put`` and ``end``: checked before decoding, since ``end`` is called
+    only after the whole generation, which a missing one would otherwise lose."""
+    if streamer is None:
+        return
+    missing = [name for name in ("put", "end") if not callable(getattr(streamer, name, None))]
+    if missing:
+        raise ValueError(f"streamer={type(streamer).__name__} has no callable {' or '.join(missing)}(): a streamer "
+                         "needs put(token_ids) and end() (e.g. transformers.TextStreamer)")
 
 
 def block_iteration_cap(block_length: int, post_steps: int = 0) -> int:
