@@ -14,11 +14,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import oled_hf  # noqa: F401  (registers the Auto classes)
 from oled_hf import OffloadConfig
-from oled_hf.toy.long import LONG_CHECKPOINT, demo_prompts
+from oled_hf.toy.long import LONG_CHECKPOINT
 
 pytestmark = pytest.mark.skipif(not (LONG_CHECKPOINT / "config.json").is_file(), reason="long checkpoint not built")
 
 GEN = dict(max_new_tokens=32)
+QUESTIONS = ["Reverse A7B9C0D0E4F0G3H3I9J9K0L0M9N7", "Spell A6B9C6D5E5", "Count 10 terms from 14 by 5"]
 THREADS, CALLS = 3, 3
 
 
@@ -26,7 +27,7 @@ THREADS, CALLS = 3, 3
 def prompts():
     tok = AutoTokenizer.from_pretrained(LONG_CHECKPOINT)
     return [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                    return_tensors="pt", return_dict=True) for q in demo_prompts(1)[:THREADS]]
+                                    return_tensors="pt", return_dict=True) for q in QUESTIONS[:THREADS]]
 
 
 @pytest.fixture(scope="module")
