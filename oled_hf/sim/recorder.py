@@ -55,6 +55,7 @@ def _write_atomically(trace_save, target: Path) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
     try:
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would make the trace unreadable to others, unlike a plain write
         trace_save(tmp)
         os.replace(tmp, target)
     except BaseException:
@@ -165,7 +166,11 @@ class TraceRecorder(IterationObserver):
         return target
 
     def save(self, path: str | None = None) -> Path:
-        """Write the trace to ``path`` (the recorder's own path when None, with its checks)."""
+        """Write the trace to ``path``; None: the recorder's own path, with its checks.
+
+        An explicit ``path`` is written as given (its folders created, a file there replaced): the
+        caller (``oled-moe trace record --out``) owns that decision and checks it first.
+        """
         if path is None:
             return self._save_own()
         target = Path(path)
