@@ -98,10 +98,13 @@ def test_bad_generation_config_json_is_refused_at_load(tiny_path, tmp_path, fiel
 
 
 def test_generation_config_json_with_a_preset_loads(tiny_path, tmp_path):
-    folder = _with_generation_config(tiny_path, tmp_path, decoding="speed", num_to_transfer=2)
+    # temperature 0.001 is unused by a greedy config, so it does not block loading (sampling would refuse it)
+    folder = _with_generation_config(tiny_path, tmp_path, decoding="speed", num_to_transfer=2, temperature=0.001)
     model = OledLLaDA2ForDiffusionLM.from_pretrained(folder).eval()
     out = model.generate(PROMPT, max_new_tokens=8, block_length=8, return_dict_in_generate=True)
     assert int(out.edits[0]) > 0  # the speed preset edits
+    with pytest.raises(ValueError, match=r"temperature=0.001 \(from generation_config\) is invalid"):
+        model.generate(PROMPT, max_new_tokens=8, block_length=8, do_sample=True)
 
 
 def test_bad_generation_config_set_on_the_model_is_named_at_generate(tiny_model):

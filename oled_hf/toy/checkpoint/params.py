@@ -211,8 +211,10 @@ def validate_params(p: DiffusionParams, model_config, prompt_length: int | None)
         bad("steps", p.steps, "must be a positive integer (denoising steps per block)")
     if not _is_int(p.minimal_topk) or p.minimal_topk <= 0:
         bad("minimal_topk", p.minimal_topk, "must be a positive integer")
-    if not _is_number(p.temperature) or not math.isfinite(p.temperature) or (
-            p.temperature != 0 and p.temperature < MIN_TEMPERATURE):
+    # NaN or a non-number is always a mistake; the floor matters only where temperature is used (sampling),
+    # so a greedy checkpoint's generation_config with temperature 0.001 still loads.
+    if not _is_number(p.temperature) or not math.isfinite(p.temperature) or p.temperature < 0 or (
+            p.do_sample and 0 < p.temperature < MIN_TEMPERATURE):
         bad("temperature", p.temperature, f"must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE:g} "
             "(smaller values overflow logits / temperature)")
     if p.top_k is not None and (not _is_int(p.top_k) or p.top_k < 0):
