@@ -128,7 +128,7 @@ class DiffusionGenerationMixin:
         tokenizer=None,
         **kwargs,
     ) -> torch.LongTensor | DiffusionGenerateOutput:
-        if "input_ids" in kwargs and inputs is not None:
+        if kwargs.get("input_ids") is not None and inputs is not None:
             raise TypeError("generate() got multiple values for argument 'input_ids': passed positionally "
                             "(inputs) and as input_ids=; pass it once")
         if kwargs.pop("inputs_embeds", None) is not None:
