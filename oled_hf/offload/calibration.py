@@ -26,15 +26,14 @@ the minimum keeps a busy machine's stalls out. ``G(e, n)`` is one call in which 
 * CPU, grouped (pinned store and a CPU grouped GEMM): one call over the layer buffer, all its
   experts as groups as in the executor; the same three shapes. The same fit gives the call's
   fixed cost ``c`` and an expert's ``a(n) = F + n * S`` at 1 and 16 tokens. The cost model charges
-  each CPU expert ``cpu_overhead_s + max(cpu_expert_fixed_s, n * cpu_s_per_token)`` and has no
-  per-call term, so::
+  a CPU batch (one grouped call per layer access) ``cpu_overhead_s`` once plus each expert
+  ``max(cpu_expert_fixed_s, n * cpu_s_per_token)``, so::
 
       cpu_expert_fixed_s = a(1)          the roofline's memory floor, met at 1 token
       cpu_s_per_token    = a(16) / 16    its compute slope, met at 16 tokens
-      cpu_overhead_s     = c / e         the call's fixed cost spread over the e experts measured
+      cpu_overhead_s     = c             the call's fixed cost, once per batch
 
-  (``G(e, 1)`` and ``G(e, 16)`` are reproduced exactly; fewer CPU experts than ``e`` are charged
-  less of the call's fixed cost than it takes, more are charged more).
+  (``G(e, 1)`` and ``G(e, 16)`` are reproduced exactly by ``CostModel.cpu_batch_time``).
 * CPU, loop (mmap store, or no CPU grouped GEMM): ``swiglu_expert`` at 1 and 16 tokens,
   ``cpu_expert_fixed_s = t(1)``, ``cpu_s_per_token = t(16) / 16``, ``cpu_overhead_s = 0``.
 
@@ -95,7 +94,7 @@ def calibrate(store: ExpertStore, cache: ExpertCache, base: CostModel, repeats: 
         e_cpu = min(MAX_EXPERTS, store.num_experts)
         call, expert, token = _fit(_grouped_times(*views, e_cpu, timed))
         fields.update(cpu_expert_fixed_s=expert + token, cpu_s_per_token=(expert + TOKENS * token) / TOKENS,
-                      cpu_overhead_s=call / e_cpu)
+                      cpu_overhead_s=call)
     else:
         t1, t16 = _loop_times(store.weights(0, 0), torch.device("cpu"), timed)
         fields.update(cpu_expert_fixed_s=t1, cpu_s_per_token=max(t16, t1) / TOKENS, cpu_overhead_s=0.0)

@@ -1,4 +1,4 @@
-"""Cooperative CPU-GPU compensation: for each miss, copy it to the GPU or compute it on the CPU.
+"""Miss dispatch, one part of a system: for each miss, copy it to the GPU or compute it on the CPU.
 
 The CPU computes its experts from the host store while the GPU computes hits and copied experts
 (copies stream in on the copy engine). Both run concurrently, so one layer access takes roughly
@@ -11,11 +11,23 @@ where numba is installed the planner runs it inside its compiled plan, ``kernels
    ``cpu_time(n) * (1 + reuse) / (gpu_time(n) + copy_time)``: CPU time saved now and on the
    expected reuses, per unit of GPU-side work. High-reuse and token-heavy experts come first.
 3. Copy a prefix of that ranking: the one minimising the *amortised makespan*
-   ``max(C_j, G_j)`` where ``C_j`` is the CPU time of the misses left on the CPU and ``G_j`` the
-   hits' GPU time plus, per copied expert, ``gpu_time + copy_time / (1 + reuse)`` (a copy's cost is
-   spread over the accesses it will serve). Copies beyond ``room`` (slots not holding experts of
-   this access) would stream through a slot and be evicted at once: they get no amortisation.
-   Ties go to the longer prefix (caching has value the estimate does not see).
+   ``max(C_j, G_j)`` where ``C_j`` is the CPU batch time of the misses left on the CPU (the
+   batch's ``cpu_overhead_s`` once, if any is left, plus each expert's roofline time) and ``G_j``
+   the hits' GPU time plus, per copied expert, ``gpu_time + copy_time / (1 + reuse)`` (a copy's
+   cost is spread over the accesses it will serve). Copies beyond ``room`` (slots not holding
+   experts of this access) would stream through a slot and be evicted at once: they get no
+   amortisation. Ties go to the longer prefix (caching has value the estimate does not see).
+
+Three dispatch modes (``DISPATCH_MODES``; a system names one, :mod:`oled_hf.offload.system`):
+
+* ``copy``: every miss is copied (CPU compute off);
+* ``cpu``: the rule above with the policy's predicted reuse (CPU, amortised);
+* ``cpu+reuse``: the rule for this access alone (reuse 0: a copy is not amortised), then up to
+  ``reuse_copies`` CPU-computed misses whose predicted reuse is at least ``reuse_min`` are also
+  copied off the critical path for the next access (the planner's rule 4).
+
+The dispatcher decides from the cost model it is given, its *belief*; replay may time the run with
+another (``CostModel.believed``).
 """
 
 from __future__ import annotations
@@ -28,6 +40,7 @@ from .costmodel import CostModel
 
 # auto: on beside an accelerator, off where the device is the CPU (resolve_cpu_compute)
 CPU_COMPUTE_MODES = ("auto", "on", "off")
+DISPATCH_MODES = ("copy", "cpu", "cpu+reuse")
 
 
 def resolve_cpu_compute(mode: str, accelerator: bool) -> str:
@@ -53,16 +66,58 @@ class Dispatcher:
     # paths do the same IEEE operations in the same order (see ``_split_small``): same decisions.
     small = 40
 
-    def __init__(self, cost_model: CostModel | None, cpu_compute: str = "auto") -> None:
+    def __init__(
+        self,
+        cost_model: CostModel | None,
+        cpu_compute: str = "auto",
+        *,
+        reuse_copies: int | None = None,
+        reuse_min: float = 1.0,
+    ) -> None:
+        """``cpu_compute`` off: mode ``copy``; else ``cpu``, or ``cpu+reuse`` with ``reuse_copies`` > 0.
+
+        ``reuse_copies=None``: not stated by a system (the controller's legacy construction): the
+        planner then binds it once from the policy's configured preset (:meth:`bind_legacy`).
+        """
         # "auto" is "on" here: the live runtime resolves "auto" by its device before planning, and
         # replay simulates hardware with an accelerator
         if cpu_compute not in CPU_COMPUTE_MODES:
             raise ValueError(f"cpu_compute={cpu_compute!r} is unknown; allowed: {', '.join(CPU_COMPUTE_MODES)}")
         if cpu_compute != "off" and cost_model is None:
             raise ValueError(f"Dispatcher with cpu_compute={cpu_compute!r} needs a cost model")
+        if reuse_copies is not None and (not isinstance(reuse_copies, int) or reuse_copies < 0):
+            raise ValueError(f"reuse_copies={reuse_copies!r} is invalid: must be an integer >= 0")
+        if not (math.isfinite(reuse_min) and reuse_min >= 0):
+            raise ValueError(f"reuse_min={reuse_min!r} is invalid: must be a number >= 0")
         self.cost_model = cost_model
         self.cpu_compute = cpu_compute
+        self.reuse_copies = reuse_copies
+        self.reuse_min = float(reuse_min)
         self._costs: tuple[CostModel | None, np.ndarray] | None = None
+
+    @classmethod
+    def for_mode(cls, mode: str, cost_model: CostModel | None, *, reuse_copies: int = 2,
+                 reuse_min: float = 1.0) -> Dispatcher:
+        """The dispatcher of a system's dispatch part (``DISPATCH_MODES``)."""
+        if mode not in DISPATCH_MODES:
+            raise ValueError(f"dispatch={mode!r} is unknown; allowed: {', '.join(DISPATCH_MODES)}")
+        if mode == "copy":
+            return cls(cost_model, "off", reuse_copies=0)
+        return cls(cost_model, "on", reuse_copies=reuse_copies if mode == "cpu+reuse" else 0, reuse_min=reuse_min)
+
+    @property
+    def mode(self) -> str:
+        if not self.cpu_enabled:
+            return "copy"
+        return "cpu+reuse" if self.reuse_copies else "cpu"
+
+    def bind_legacy(self, policy: object) -> None:
+        """Transitional: a dispatcher built without a system takes the reuse copies the config gave the
+        policy (``OffloadConfig.oled_background_copies`` for ``oled``), once. Removed when the controller
+        builds its dispatcher from the system (``oled_hf.offload.system.build_dispatcher``)."""
+        if self.reuse_copies is None:
+            self.reuse_copies = int(getattr(policy, "config_reuse_copies", 0)) if self.cpu_enabled else 0
+            self.reuse_min = float(getattr(policy, "config_reuse_min", self.reuse_min))
 
     @property
     def cpu_enabled(self) -> bool:
@@ -135,7 +190,7 @@ class Dispatcher:
         if m == 0:
             return copy_mask
         n = np.asarray(tokens, dtype=np.float64)  # every miss has >= 1 token
-        cpu = cm.cpu_overhead_s + np.maximum(cm.cpu_expert_fixed_s, n * cm.cpu_s_per_token)
+        cpu = np.maximum(cm.cpu_expert_fixed_s, n * cm.cpu_s_per_token)  # the batch overhead: once, in c0
         gpu = cm.gpu_expert_fixed_s + n * cm.gpu_s_per_token
         r1 = 1.0 + np.maximum(np.asarray(reuse, dtype=np.float64), 0.0)
         key = cpu * r1 / (gpu + copy_t)
@@ -149,8 +204,11 @@ class Dispatcher:
         amort = copy_t / r1[order]
         if room < n_cand:
             amort[max(room, 0):] = copy_t
-        c0 = float(cpu.sum())
-        span = np.maximum(g0 + np.cumsum(gpu[order] + amort), c0 - np.cumsum(cpu[order]))
+        c0 = cm.cpu_overhead_s + float(cpu.sum())
+        c_left = c0 - np.cumsum(cpu[order])
+        if n_cand == m:  # every miss copied: no CPU batch, no overhead
+            c_left[-1] = 0.0
+        span = np.maximum(g0 + np.cumsum(gpu[order] + amort), c_left)
         # prefix length j in 0..n_cand minimising the span; ties -> the longer prefix
         j = n_cand - int(np.argmin(span[::-1]))
         if span[j - 1] > max(g0, c0):
@@ -168,13 +226,14 @@ class Dispatcher:
         Element-wise IEEE operations, a stable sort, running sums and "last minimum" are the same
         in Python and NumPy (``b if b > a else a`` is ``np.maximum(a, b)`` for non-NaN values);
         only ``sum`` may associate differently in NumPy (pairwise), so the total CPU time is summed
-        by NumPy itself unless it has at most two terms. NaN keys (which sort differently) are
+        by NumPy itself unless it has at most two terms; the batch overhead is added to that sum. NaN
+        keys (which sort differently) are
         handed back to the vectorised path.
         """
         m = len(tokens)
         ov, cf, cs = cm.cpu_overhead_s, cm.cpu_expert_fixed_s, cm.cpu_s_per_token
         gf, gs = cm.gpu_expert_fixed_s, cm.gpu_s_per_token
-        cpu = [ov + (c if (c := n * cs) > cf else cf) for n in tokens]
+        cpu = [c if (c := n * cs) > cf else cf for n in tokens]
         gpu = [gf + n * gs for n in tokens]
         r1 = [1.0 + (0.0 if 0.0 > r else r) for r in reuse]
         neg_key = [-(c * r / (g + copy_t)) for c, r, g in zip(cpu, r1, gpu)]
@@ -185,13 +244,13 @@ class Dispatcher:
         if not cand:
             return take
         order = sorted(cand, key=neg_key.__getitem__)  # stable: ties keep miss order, as argsort(kind="stable")
-        c0 = cpu[0] if m == 1 else cpu[0] + cpu[1] if m == 2 else float(np.add.reduce(np.array(cpu)))
+        c0 = ov + (cpu[0] if m == 1 else cpu[0] + cpu[1] if m == 2 else float(np.add.reduce(np.array(cpu))))
         best, best_span = 0, math.inf
         g_run = c_run = -0.0  # -0.0 + x == x: the first running sum is exactly its first term
         for j, i in enumerate(order):
             g_run += gpu[i] + (copy_t / r1[i] if j < room else copy_t)
             c_run += cpu[i]
-            g_span, c_span = g0 + g_run, c0 - c_run
+            g_span, c_span = g0 + g_run, (c0 - c_run if j + 1 < m else 0.0)
             span = c_span if c_span > g_span else g_span
             if span <= best_span:  # ties -> the longer prefix
                 best, best_span = j + 1, span

@@ -250,7 +250,7 @@ def _split_misses(tokens, reuse, admitted, room, g0, copy_t, ov, cf, cs, gf, gs,
     for i in range(m):
         n = np.float64(tokens[i])
         c = n * cs
-        cpu[i] = ov + (c if c > cf else cf)
+        cpu[i] = c if c > cf else cf  # the batch overhead ``ov``: once, in c0
         gpu[i] = gf + n * gs
         r = reuse[i]
         r1[i] = 1.0 + (0.0 if 0.0 > r else r)
@@ -274,11 +274,11 @@ def _split_misses(tokens, reuse, admitted, room, g0, copy_t, ov, cf, cs, gf, gs,
             n_cand += 1
     order = cand[np.argsort(keys, kind="mergesort")]
     if m == 1:
-        c0 = cpu[0]
+        c0 = ov + cpu[0]
     elif m == 2:
-        c0 = cpu[0] + cpu[1]
+        c0 = ov + (cpu[0] + cpu[1])
     else:
-        c0 = _pairwise(cpu, m)
+        c0 = ov + _pairwise(cpu, m)
     best, best_span = 0, np.inf
     g_run = -0.0
     c_run = -0.0
@@ -287,7 +287,7 @@ def _split_misses(tokens, reuse, admitted, room, g0, copy_t, ov, cf, cs, gf, gs,
         g_run += gpu[i] + (copy_t / r1[i] if j < room else copy_t)
         c_run += cpu[i]
         g_span = g0 + g_run
-        c_span = c0 - c_run
+        c_span = c0 - c_run if j + 1 < m else 0.0  # all copied: no CPU batch
         span = c_span if c_span > g_span else g_span
         if span <= best_span:
             best, best_span = j + 1, span

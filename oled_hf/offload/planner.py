@@ -12,8 +12,8 @@ expert of this access that was already computed. The live runtime computes each 
 right after it lands, so reusing a slot within an access is safe, and the device never holds
 more than ``capacities[layer]`` experts of a layer.
 
-Rule 4 (reuse copies; on where the policy sets ``background_copies``): of the misses sent to the
-CPU, up to ``background_copies`` whose predicted reuse is at least ``background_min_reuse``
+Rule 4 (reuse copies; on where the dispatch part is ``cpu+reuse``, ``Dispatcher.reuse_copies``): of
+the misses sent to the CPU, up to ``reuse_copies`` whose predicted reuse is at least ``reuse_min``
 (highest reuse first, ties by id) are *also* copied into a slot after the access's own copies:
 the CPU result serves this access, the copy serves the next one. Each takes a free slot, else
 evicts the lowest-priority resident expert not requested now, and only one of lower priority than
@@ -144,6 +144,8 @@ class CacheState:
         """
         if policy.capacities is not self.capacities:
             policy.set_capacities(self.capacities)
+        if dispatcher.reuse_copies is None:
+            dispatcher.bind_legacy(policy)
         ids = as_numpy(topk_ids)
         if counts is None:
             counts = np.bincount(ids.reshape(-1), minlength=self.num_experts)
@@ -167,7 +169,8 @@ class CacheState:
         if n_hits:
             self._unhit[layer][hits] = False
         copies = self._place(layer, copies_e, counts, hits_l, policy, plan_slots) if copies_e.size else []
-        background = self._background(layer, cpu_l, counts, policy) if cpu_l and policy.background_copies else []
+        background = self._background(layer, cpu_l, counts, policy, dispatcher) if cpu_l and dispatcher.reuse_copies \
+            else []
         self._count(layer, n_hits, int(misses.size), len(copies), len(cpu_l), cpu_tokens, total_tokens)
         return LayerPlan(hits_l, copies, cpu_l, plan_slots, layer, counts, background)
 
@@ -196,7 +199,7 @@ class CacheState:
         if kernels.plan_access(
             layer, counts, self._flags, self._tables, self._free_n, self.slot_expert, prio,
             self._all_admitted if adm is None else adm, adm is not None, mode, row, flat, entry_cls, stab,
-            self.capacities[layer], total_tokens, cpu, policy.background_copies, policy.background_min_reuse,
+            self.capacities[layer], total_tokens, cpu, dispatcher.reuse_copies, dispatcher.reuse_min,
             dispatcher.kernel_costs(), out,
         ):
             return None
@@ -210,16 +213,16 @@ class CacheState:
                                      [nh, nc, ncpu, nbg, nfree, nbg_free, streamed])
 
     def _background(
-        self, layer: int, cpu_l: list[int], counts: np.ndarray, policy: CachePolicy
+        self, layer: int, cpu_l: list[int], counts: np.ndarray, policy: CachePolicy, dispatcher: Dispatcher
     ) -> list[tuple[int, int, int | None]]:
         """Rule 4: reuse copies of CPU-computed misses; applied to residency and stats here."""
         reuse = policy.reuse_of(layer, np.asarray(cpu_l, dtype=np.int64)).tolist()
-        floor = policy.background_min_reuse
+        floor = dispatcher.reuse_min
         ranked = [(e, r) for e, r in zip(cpu_l, reuse) if r >= floor]
         if not ranked:
             return []
         ranked.sort(key=lambda er: -er[1])  # stable: ties keep miss order (as argsort(-reuse, kind="stable"))
-        cand = [e for e, _ in ranked[: policy.background_copies]]
+        cand = [e for e, _ in ranked[: dispatcher.reuse_copies]]
         prio = policy.priority_array(layer)
         n_free = int(self._free_n[layer])
         victims: list[int] = []
@@ -270,7 +273,7 @@ class CacheState:
         if admitted is not None and not np.count_nonzero(admitted):
             return misses[:0], experts, sum(tokens)
         # with reuse copies (rule 4) a miss's reuse is served off the critical path: split for this access alone
-        reuse = policy.reuse_of(layer, misses) if not policy.background_copies else np.zeros(misses.size)
+        reuse = policy.reuse_of(layer, misses) if not dispatcher.reuse_copies else np.zeros(misses.size)
         take = dispatcher.choose(
             miss_tokens,
             reuse,

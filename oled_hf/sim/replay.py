@@ -8,9 +8,14 @@ Time is simulated on a :class:`~oled_hf.sim.timeline.Timeline` (copy engine, GPU
 carried across layers and forwards: per layer access the non-expert part, then the host planner
 (measured wall time of the policy update + plan + prefetch decision, or a stated constant per
 access), then the GPU experts in the order their weights are ready and the CPU experts
-concurrently. Prefetching policies (:class:`~oled_hf.offload.policies.prefetch.Prefetcher`) copy
-layer l+1's predicted experts when layer l's plan is ready (optimistic for them: the hidden state
-their prediction uses leaves layer l only at its end), on the same FIFO copy engine as demand copies.
+concurrently (one CPU batch per access; its read-bound part slowed where it overlaps the copy
+engine, host DRAM being shared). A system's prefetcher (:class:`~oled_hf.offload.policies.prefetch.Prefetcher`)
+copies layer l+1's predicted experts when layer l's plan is ready (optimistic for it: the hidden
+state its prediction uses leaves layer l only at its end), on the same FIFO copy engine as demand
+copies (a ``demand_first`` prefetcher's queued copies yield to demand copies).
+
+The dispatcher decides with a *believed* cost model (``believed``; default the true one) and the
+timeline charges the true one (``cost_model``): a mis-calibrated dispatcher is timed honestly.
 
 Two full-residency references, no planner, no copies: ``full_time_s`` (fused/grouped MoE: one
 launch per layer, each active expert's bytes once at HBM bandwidth, FLOPs at the stated efficiency;
@@ -34,11 +39,20 @@ from oled_hf.offload.allocation import uniform_capacities
 from oled_hf.offload.config import OffloadConfig
 from oled_hf.offload.controller import CacheController
 from oled_hf.offload.costmodel import CostModel
+from oled_hf.offload.dispatch import Dispatcher
 from oled_hf.offload.policies.prefetch import Prefetcher
+from oled_hf.offload.system import (
+    System,
+    build_controller,
+    build_prefetcher,
+    legacy_config_fields,
+    parse_system,
+    system_of_legacy,
+)
 
 from .belady import belady_global, belady_min
 from .timeline import Timeline
-from .trace import OP_BLOCK_END, OP_EVENT, OP_FORWARD, Trace
+from .trace import OP_BLOCK_END, OP_BLOCK_START, OP_EVENT, OP_FORWARD, Trace
 
 _COUNTED = ("hits", "misses", "evictions", "copies", "bytes_copied", "cpu_expert_tokens", "gpu_expert_tokens",
             "dead_on_arrival", "accesses")
@@ -77,6 +91,7 @@ class ReplayResult:
     per_layer_hit_rate: list[float] = field(default_factory=list)
     bound_hit_rate: float | None = None  # Belady reference at the same budget (see format_table)
     bound_name: str = ""
+    system: str = ""  # the parts that ran (retention+prefetch+dispatch+allocation)
 
     @property
     def hit_rate(self) -> float:
@@ -160,6 +175,24 @@ class _PrefetchBook:
         self.pending[:] = False
 
 
+def _build(trace: Trace, config: OffloadConfig, system: System | None, cm: CostModel,
+           believed: CostModel | None) -> tuple[CacheController, Prefetcher | None]:
+    """The controller and prefetcher of one replay.
+
+    Without ``system`` the controller is built from ``config`` exactly as the live runtime builds
+    it (the legacy policy names; live == replay), with the prefetcher the legacy name implies.
+    """
+    L, E = trace.num_layers, trace.num_experts
+    if system is None:
+        ctrl = CacheController(config, L, E, cm)
+        if believed is not None and believed is not cm:
+            ctrl.dispatcher = Dispatcher(believed, config.cpu_compute)
+        legacy = system_of_legacy(config.policy, config.cpu_compute, config.layer_adaptive,
+                                  config.oled_background_copies)
+        return ctrl, build_prefetcher(legacy, L, E)
+    return build_controller(config, system, L, E, cm, believed), build_prefetcher(system, L, E)
+
+
 def replay(
     trace: Trace,
     policy_name: str,
@@ -172,9 +205,16 @@ def replay(
     planner_s: float | None = None,
     warmup_sequences: int = 0,
     check_invariants: bool = False,
+    system: System | str | None = None,
+    believed: CostModel | None = None,
 ) -> ReplayResult:
     """Run the trace through a fresh controller. Explicit arguments override ``offload_config``.
 
+    ``policy_name`` with ``layer_adaptive``/``cpu_compute``: a legacy policy name, built as the
+    live runtime builds that config. ``system`` (a :class:`System` or a ``--system`` string): the
+    composed system instead (``policy_name``, ``layer_adaptive`` and ``cpu_compute`` are then only
+    labels and ignored). ``believed``: the cost model the dispatcher decides with (default the
+    true one, ``cost_model``, which times the run).
     ``cache_size`` is slots per MoE layer (None: take the budget from ``offload_config``).
     ``planner_s``: host planner seconds per layer access; None measures the wall time of the
     policy update, plan, prefetch decision and event handling as they run here.
@@ -183,22 +223,27 @@ def replay(
     """
     if cache_size is None and offload_config is None:
         raise ValueError("replay needs cache_size (slots per MoE layer) or an offload_config with a budget")
+    sys_ = parse_system(system) if isinstance(system, str) else system
     base = offload_config if offload_config is not None else OffloadConfig(cache_size=cache_size)
     changes: dict[str, Any] = {"policy": policy_name, "layer_adaptive": layer_adaptive, "cpu_compute": cpu_compute}
+    if sys_ is not None:
+        changes = legacy_config_fields(sys_)
     if cache_size is not None:
         changes.update(cache_size=cache_size, cache_ratio=None)
     config = dataclasses.replace(base, **changes)
     cm = cost_model if cost_model is not None else default_cost_model(trace).with_config(config)
     L, E = trace.num_layers, trace.num_experts
-    ctrl = CacheController(config, L, E, cm)
+    ctrl, prefetcher = _build(trace, config, sys_, cm, believed)
     policy = ctrl.policy
-    prefetcher = policy if isinstance(policy, Prefetcher) else None
+    label = sys_.parts if sys_ is not None else system_of_legacy(
+        config.policy, config.cpu_compute, config.layer_adaptive, config.oled_background_copies).parts
     if prefetcher is not None and prefetcher.uses_predicted_routes and not trace.has_predictions:
-        raise ValueError(f"policy {policy_name!r} needs predicted routes: record a version-2 trace "
-                         "(oled-moe trace record writes them)")
+        raise ValueError(f"system {label!r} needs predicted routes for its {prefetcher.name!r} prefetcher: "
+                         "record a version-2 trace (oled-moe trace record writes them)")
     measured = planner_s is None
     clock = time.perf_counter
-    tl = Timeline(cm.copy_time())
+    tl = Timeline(cm.copy_time(), demand_first=prefetcher is not None and prefetcher.demand_first)
+    shared = cm.host_dram_bytes_per_s > 0 and cm.cpu_shared_fixed_s > cm.cpu_expert_fixed_s
     ready = np.zeros((L, E))  # when each resident expert's weights are on the device
     book = _PrefetchBook(L, E)
     full = loop = planner_total = exposed = 0.0
@@ -233,41 +278,56 @@ def replay(
                 for _, _, ev in plan.copies:
                     book.evicted(l, ev)
                 slot_accesses += ctrl.capacities[l]
-                # the prefetch decision for layer l+1 runs on the host right after this plan
-                pf: list[tuple[int, int, int | None]] = []
                 pf_host = 0.0
-                if prefetcher is not None and l + 1 < L:
+                if prefetcher is not None:
                     t0 = clock()
-                    pc = None
-                    if pred_ids is not None:
-                        p = pred_ids[l + 1]
-                        pc = np.bincount(p[p >= 0].reshape(-1).astype(np.int64), minlength=E)
-                    want = prefetcher.prefetch_for(l + 1, pc, ctrl.capacities[l + 1])
-                    pf = ctrl.state.admit(l + 1, want, policy)
-                    prefetcher.on_prefetched(l + 1, want, ctrl.clock)
+                    prefetcher.observe_access(l, counts, ctrl.clock)
                     pf_host = clock() - t0 if measured else 0.0
                 host = host if measured else float(planner_s)
-                planner_total += host + pf_host
                 gpu_e = plan.hits + [c[0] for c in plan.copies]
                 start, plan_ready = tl.begin_layer(nonexpert, host)
                 if plan.copies:
                     ready[l, [c[0] for c in plan.copies]] = tl.copies(len(plan.copies), plan_ready)
+                    if tl.moved:
+                        for (ml, me), land in tl.moved.items():
+                            ready[ml, me] = land
+                        tl.moved.clear()
                 if plan.background:  # behind the demand copies; the layer does not wait for them
                     for _, _, ev in plan.background:
                         book.evicted(l, ev)
                     ready[l, [c[0] for c in plan.background]] = tl.copies(len(plan.background), plan_ready)
                 r = ready[l, gpu_e] if gpu_e else np.zeros(0)
                 g = cm.gpu_times(counts[gpu_e]) if gpu_e else np.zeros(0)
-                cpu = float(cm.cpu_times(counts[plan.cpu]).sum()) if plan.cpu else 0.0
-                lt = tl.end_layer(start, plan_ready, cm.gpu_layer_fixed_s, r, g, cpu)
+                cpu = cm.cpu_batch_time(counts[plan.cpu]) if plan.cpu else 0.0
+                cpu_sh = cm.cpu_batch_time(counts[plan.cpu], shared=True) if plan.cpu and shared else None
+                lt = tl.end_layer(start, plan_ready, cm.gpu_layer_fixed_s, r, g, cpu, cpu_sh)
                 exposed += lt.exposed_copy_s
-                if pf:
-                    for _, _, ev in pf:
-                        book.evicted(l + 1, ev)
-                    issue = tl.host(plan_ready, pf_host)  # decided on the host right after this plan
-                    ready[l + 1, [c[0] for c in pf]] = tl.copies(len(pf), issue)
-                    book.pending[l + 1, [c[0] for c in pf]] = True
-                    book.issued += len(pf)
+                # the prefetch decision for layer l+1 runs on the host right after this plan
+                if prefetcher is not None and l + 1 < L:
+                    t0 = clock()
+                    pc = None
+                    if pred_ids is not None:
+                        pr = pred_ids[l + 1]
+                        pc = np.bincount(pr[pr >= 0].reshape(-1).astype(np.int64), minlength=E)
+                    budget = None
+                    if prefetcher.capped:  # copies that land before layer l+1 plans (its earliest need)
+                        issue_est = max(tl.copy_free, plan_ready)
+                        budget = max(int((lt.end + nonexpert - issue_est) // cm.copy_time()), 0)
+                    want = prefetcher.prefetch_for(l + 1, pc, ctrl.capacities[l + 1], budget)
+                    pf = ctrl.state.admit(l + 1, want, policy)
+                    policy.on_admitted(l + 1, want, ctrl.clock)
+                    pf_host += clock() - t0 if measured else 0.0
+                    if pf:
+                        for _, _, ev in pf:
+                            book.evicted(l + 1, ev)
+                        issue = tl.host(plan_ready, pf_host)  # decided on the host right after this plan
+                        keys = [(l + 1, c[0]) for c in pf]
+                        ready[l + 1, [c[0] for c in pf]] = tl.copies(len(pf), issue, low=True, keys=keys)
+                        book.pending[l + 1, [c[0] for c in pf]] = True
+                        book.issued += len(pf)
+                    elif pf_host:
+                        tl.host(plan_ready, pf_host)
+                planner_total += host + pf_host
                 full += nonexpert + cm.fused_layer_time(counts)
                 loop += nonexpert + cm.loop_layer_time(counts)
             if check_invariants:
@@ -277,6 +337,8 @@ def replay(
                 committed += int(ev_com[int(ev_off[idx]):int(ev_off[idx + 1])].sum())
             t0 = clock()
             trace.deliver(ctrl, op, idx)
+            if prefetcher is not None and op == OP_BLOCK_START:
+                prefetcher.on_block_start(int(trace.marker(idx)[0]))
             host = clock() - t0 if measured else 0.0
             if op == OP_BLOCK_END:
                 for move in ctrl.last_moves:
@@ -298,8 +360,8 @@ def replay(
 
     pf0 = base.get("pf", (0, 0, 0))
     return ReplayResult(
-        policy=policy_name, cache_size=ctrl.total_slots / L, layer_adaptive=layer_adaptive,
-        cpu_compute=cpu_compute, hits=total("hits"), misses=total("misses"),
+        policy=policy_name, cache_size=ctrl.total_slots / L, layer_adaptive=ctrl.allocator is not None,
+        cpu_compute=ctrl.dispatcher.cpu_compute, hits=total("hits"), misses=total("misses"),
         evictions=total("evictions"), copies=total("copies"), bytes_copied=total("bytes_copied"),
         cpu_expert_tokens=total("cpu_expert_tokens"), gpu_expert_tokens=total("gpu_expert_tokens"),
         dead_on_arrival=total("dead_on_arrival"), layer_accesses=total("accesses"),
@@ -310,7 +372,7 @@ def replay(
         prefetch_issued=book.issued - pf0[0], prefetch_used=book.used - pf0[1],
         prefetch_wasted=book.wasted - pf0[2], expert_bytes=cm.expert_bytes,
         slot_accesses=slot_accesses - base.get("slots", 0), kernel=cm.kernel, capacities=list(ctrl.capacities),
-        per_layer_hit_rate=st.layer_hit_rates(),
+        per_layer_hit_rate=st.layer_hit_rates(), system=label,
     )
 
 
@@ -333,8 +395,6 @@ def compare(
     demand/bypass caching only: a prefetcher's hits can exceed them (it pays in copied bytes).
     Policies that need predicted routes are skipped on version-1 traces.
     """
-    from oled_hf.offload.policies import make_policy
-
     results = []
     for size in cache_sizes:
         bound = None
@@ -345,8 +405,7 @@ def compare(
             else:
                 bound = belady_min(trace, uniform_capacities(total, trace.num_layers, trace.num_experts))
         for name in policies:
-            pol = make_policy(name, 1, 1)
-            if getattr(pol, "uses_predicted_routes", False) and not trace.has_predictions:
+            if system_of_legacy(name).prefetch == "gate" and not trace.has_predictions:
                 continue
             r = replay(trace, name, size, layer_adaptive=layer_adaptive, cpu_compute=cpu_compute,
                        cost_model=cost_model, planner_s=planner_s, warmup_sequences=warmup_sequences)

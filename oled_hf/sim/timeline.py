@@ -5,10 +5,15 @@ computes) can land before its layer starts and cost nothing, a late one is expos
 queue behind prefetches on the one copy engine. The four resources carry their busy-until times
 across the layers of a forward and across forwards:
 
-* copy engine: FIFO, one expert per ``copy_s`` (bandwidth-limited, demand copies and prefetches alike);
+* copy engine: FIFO, one expert per ``copy_s`` (bandwidth-limited, demand copies and prefetches alike),
+  except that with ``demand_first`` a demand copy overtakes prefetches queued behind the engine's
+  current copy (they are rescheduled after it: ``copies(..., low=True)`` marks a prefetch);
 * GPU: per layer the non-expert part (attention, router, shared expert), then, once the plan is
   known, the kernel's fixed cost and every GPU expert in the order its weights are ready;
-* CPU: CPU-computed misses, concurrent with the GPU, from the plan onwards;
+* CPU: CPU-computed misses, one batch per layer access, concurrent with the GPU, from the plan
+  onwards; host DRAM is shared with the copy engine, so the part of a batch that overlaps the
+  copy engine's busy time runs at the shared rate (``CostModel.cpu_batch_time(shared=True)``),
+  progress assumed uniform over the batch;
 * host: the planner (policy update + plan + prefetch decision), serial per layer access; the GPU
   waits for it (the plan needs the router's output, and the expert kernels need the plan).
 
@@ -18,7 +23,8 @@ arithmetic, no NumPy per item beyond the sort of ready times.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -42,15 +48,64 @@ class Timeline:
     gpu_free: float = 0.0
     cpu_free: float = 0.0
     host_free: float = 0.0
+    demand_first: bool = False  # demand copies overtake queued prefetches
+    moved: dict[Any, float] = field(default_factory=dict)  # key -> new landing time of overtaken prefetches
+    _low: list[tuple[float, Any]] = field(default_factory=list)  # queued prefetches: (start, key)
 
-    def copies(self, n: int, issue_at: float) -> np.ndarray:
-        """Enqueue ``n`` copies at ``issue_at`` (FIFO behind earlier ones); their landing times."""
+    def copies(self, n: int, issue_at: float, *, low: bool = False, keys: list[Any] | None = None) -> np.ndarray:
+        """Enqueue ``n`` copies at ``issue_at`` (FIFO behind earlier ones); their landing times.
+
+        ``low``: prefetches (``keys`` name them), which a later demand copy may overtake where
+        ``demand_first``; the overtaken ones' new landing times are added to :attr:`moved`.
+        """
         if n <= 0:
             return np.zeros(0)
+        waiting: list[tuple[float, Any]] = []
+        if self.demand_first and not low and self._low:
+            waiting = self._waiting(issue_at)
+            if waiting:
+                self.copy_free = waiting[0][0]  # start where the first waiting prefetch would have
         start = max(self.copy_free, issue_at)
         lands = start + self.copy_s * np.arange(1, n + 1)
         self.copy_free = float(lands[-1])
+        if not self.demand_first:
+            return lands
+        if low:
+            ks = keys if keys is not None else [None] * n
+            self._low = [e for e in self._low if e[0] + self.copy_s > issue_at]  # drop landed ones
+            self._low += [(float(t - self.copy_s), k) for t, k in zip(lands, ks)]
+        elif waiting:  # the overtaken prefetches follow the demand copies, in their order
+            self._low = []
+            for _, key in waiting:
+                self._low.append((self.copy_free, key))
+                self.copy_free += self.copy_s
+                if key is not None:
+                    self.moved[key] = self.copy_free
+        else:
+            self._low = []  # a demand copy queued behind the prefetches: FIFO from here on
         return lands
+
+    def _waiting(self, issue_at: float) -> list[tuple[float, Any]]:
+        """Queued prefetches not started by ``issue_at``, if they are the queue's tail (else none)."""
+        waiting = [e for e in self._low if e[0] >= issue_at]
+        if not waiting or abs(waiting[-1][0] + self.copy_s - self.copy_free) > 1e-12:
+            return []
+        return waiting
+
+    def cpu_batch_end(self, start: float, alone_s: float, shared_s: float) -> float:
+        """When a CPU batch started at ``start`` ends: at the shared rate while the copy engine is busy.
+
+        ``alone_s`` / ``shared_s``: the batch's time with the copy engine idle / busy throughout.
+        Progress is uniform: during the overlap ``d`` the batch does ``d * alone_s / shared_s``
+        of its work.
+        """
+        d = self.copy_free - start
+        if d <= 0 or shared_s <= alone_s:
+            return start + alone_s
+        rate = alone_s / shared_s
+        if d * rate >= alone_s:
+            return start + shared_s
+        return start + d + (alone_s - d * rate)
 
     def host(self, ready_at: float, seconds: float) -> float:
         """Run ``seconds`` of host work once it is free and its input is ready; returns the end."""
@@ -73,11 +128,14 @@ class Timeline:
         ready: np.ndarray,
         gpu_s: np.ndarray,
         cpu_s: float,
+        cpu_shared_s: float | None = None,
     ) -> LayerTiming:
         """Run the layer's experts: GPU ones in the order their weights are ready, CPU ones concurrently.
 
         ``ready``/``gpu_s``: per GPU-computed expert, when its weights are on the device (0 for a
         long-resident hit, a landing time for copies and prefetches) and its kernel time.
+        ``cpu_s`` / ``cpu_shared_s``: the CPU batch alone / while the copy engine reads host DRAM
+        throughout (None: no sharing).
         """
         g0 = plan_ready + (gpu_fixed_s if gpu_s.size else 0.0)
         if gpu_s.size:
@@ -90,7 +148,8 @@ class Timeline:
             total, gpu_end = 0.0, plan_ready
         cpu_end = plan_ready
         if cpu_s > 0:
-            cpu_end = max(self.cpu_free, plan_ready) + cpu_s
+            begin = max(self.cpu_free, plan_ready)
+            cpu_end = begin + cpu_s if cpu_shared_s is None else self.cpu_batch_end(begin, cpu_s, cpu_shared_s)
             self.cpu_free = cpu_end
         end = max(gpu_end, cpu_end)
         instant = max(g0 + total, cpu_end)

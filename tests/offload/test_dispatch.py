@@ -101,3 +101,37 @@ def test_resolve_cpu_compute_by_device():
     assert [resolve_cpu_compute(m, accelerator=False) for m in ("auto", "on", "off")] == ["off", "on", "off"]
     with pytest.raises(ValueError, match="cpu_compute='gpu' is unknown; allowed: auto, on, off"):
         resolve_cpu_compute("gpu", accelerator=False)
+
+
+def _best_prefix_by_batch_time(cm, tokens, reuse, room, g0):
+    """The documented rule by brute force: every prefix of the ranking, CPU side as one batch."""
+    cpu = cm.cpu_times(tokens)
+    gpu = cm.gpu_times(tokens)
+    r1 = 1.0 + np.maximum(reuse, 0.0)
+    order = np.argsort(-(cpu * r1 / (gpu + cm.copy_time())), kind="stable")
+    spans = []
+    for j in range(len(tokens) + 1):
+        amort = [cm.copy_time() / r1[i] if k < room else cm.copy_time() for k, i in enumerate(order[:j])]
+        g = g0 + float(np.sum(gpu[order[:j]])) + float(np.sum(amort))
+        spans.append(max(g, cm.cpu_batch_time(tokens[order[j:]])))
+    return spans
+
+
+def test_cpu_overhead_is_charged_once_per_batch():
+    """One grouped CPU call per layer access: 20 us once, however many experts it computes."""
+    assert CM.cpu_batch_time([1, 1, 1]) == pytest.approx(CM.cpu_overhead_s + 3 * CM.cpu_time(1))
+    assert CM.cpu_batch_time([]) == 0.0 and CM.cpu_time(1) == CM.cpu_expert_fixed_s
+    # the per-expert charge would make eight 1-token misses cost 8 x 83 us on the CPU and copy some;
+    # one batch costs 20 + 8 x 63 us: the split is the brute-force optimum of the batch model
+    cm = CM.with_overrides(cpu_overhead_us=100)
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        m = int(rng.integers(1, 9))
+        tokens = rng.integers(1, 12, size=m)
+        reuse = rng.choice([0.0, 0.5, 2.0], size=m)
+        room, g0 = int(rng.integers(0, m + 1)), float(rng.choice([0.0, 2e-4]))
+        mask = Dispatcher(cm, "on").decide(tokens, reuse, None, room, np.ones(3) if g0 else np.array([]))
+        spans = _best_prefix_by_batch_time(cm, tokens, reuse, room, Dispatcher(cm, "on").cost_model.gpu_expert_fixed_s
+                                           * (3 if g0 else 0) + cm.gpu_s_per_token * (3 if g0 else 0))
+        j = int(mask.sum())
+        assert spans[j] == pytest.approx(min(spans)), (tokens, reuse, room)

@@ -137,7 +137,9 @@ def test_pairwise_f64_is_numpys_sum():
             assert kernels._pairwise(a, n) == np.add.reduce(a), n
 
 
-@pytest.mark.parametrize("case", [("e64", "oled", 6, "auto"), ("e256", "oled", 40, "auto"),
+# (e256, oled, 40, off): copy-only prefill requests exceed the slots (a streamed access); since the CPU
+# overhead is per batch, the CPU-on e256 case no longer streams (its prefill misses go to the CPU)
+@pytest.mark.parametrize("case", [("e64", "oled", 6, "auto"), ("e256", "oled", 40, "off"),
                                   ("e48k6", "static", 5, "on"), ("e64", "lru", 26, "off")],
                          ids=lambda c: "-".join(map(str, c)))
 def test_compiled_plan_handles_every_access(monkeypatch, case):

@@ -145,9 +145,9 @@ def test_reuse_copies_cache_cpu_misses_off_the_critical_path():
     """Planner rule 4: a CPU-computed miss with high predicted reuse is also copied into a slot
     (free first, else evicting a lower-priority resident not requested now); it hits next access."""
     policy = make_policy("oled", 1, 8)
-    policy.background_copies, policy.background_min_reuse = 1, 0.0
     state = CacheState(1, 8, [2], expert_bytes=10)
-    cpu_all = Dispatcher(CM.with_overrides(h2d_gbps=1e-3), "on")  # copies so slow every miss goes to the CPU
+    # copies so slow every miss goes to the CPU; the dispatch part cpu+reuse with one reuse copy per access
+    cpu_all = Dispatcher(CM.with_overrides(h2d_gbps=1e-3, host_dram_gbps=0), "on", reuse_copies=1, reuse_min=0.0)
     rows = ids(3, 3, 3, 5)
     policy.observe_access(0, rows, None, 1)
     plan = state.plan(0, rows, None, policy, cpu_all)

@@ -1,11 +1,13 @@
-"""Expert-cache policies: one interface (``base.CachePolicy``), one short file per policy."""
+"""Retention policies (one interface, ``base.CachePolicy``, one short file per policy) and the
+prefetch part (``prefetch.py``)."""
 
 from .base import CachePolicy, available_policies, make_policy
 from .lfu import LFUPolicy
-from .lru import LRUPolicy
+from .lru import LRUPolicy, PrefetchPolicy
 from .moe_infinity import MoEInfinityPolicy
 from .oled import OledPolicy
-from .prefetch import Prefetcher, PrefetchPolicy
+from .prefetch import Prefetcher, make_prefetcher
+from .score import ScorePolicy
 from .static import StaticPolicy
 from .tide import TidePolicy
 
@@ -17,8 +19,10 @@ __all__ = [
     "OledPolicy",
     "PrefetchPolicy",
     "Prefetcher",
+    "ScorePolicy",
     "StaticPolicy",
     "TidePolicy",
     "available_policies",
     "make_policy",
+    "make_prefetcher",
 ]

@@ -73,10 +73,6 @@ class CachePolicy(IterationObserver):
     usage_decay: float = 0.8
     tracks_usage: ClassVar[bool] = True  # False in policies that override reuse_array
     uses_weights: ClassVar[bool] = False  # True if _update reads the gate weights (callers may skip converting them)
-    # planner rule 4: at most this many CPU-computed misses per access whose predicted reuse is at
-    # least ``background_min_reuse`` are also copied to a slot off the critical path (0 = off)
-    background_copies: int = 0
-    background_min_reuse: float = 1.0
 
     def __init__(self, num_layers: int, num_experts: int, **knobs: Any) -> None:
         if knobs:
@@ -143,6 +139,10 @@ class CachePolicy(IterationObserver):
         access that dispatches misses computes its rule.
         """
         return 1, np.asarray(self.reuse_array(layer), dtype=np.float64), NO_INTS, NO_INTS, NO_FLOATS
+
+    def on_admitted(self, layer: int, experts: np.ndarray, clock: int) -> None:
+        """Experts copied into ``layer``'s slots ahead of use (a prefetcher's; or already resident and
+        wanted). The policy ranks them as it sees fit; the default does nothing."""
 
     def admission(self, layer: int) -> np.ndarray | None:
         """Bool [num_experts]: experts a miss may copy into a slot; None = all admitted."""

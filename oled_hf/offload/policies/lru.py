@@ -29,3 +29,16 @@ class LRUPolicy(CachePolicy):
 
     def priority_array(self, layer: int) -> np.ndarray:
         return self._last[layer]
+
+    def on_admitted(self, layer: int, experts: np.ndarray, clock: int) -> None:
+        # admitted ahead of use (a prefetch): most recently used as of now, below the experts the
+        # access itself will use (clock + share)
+        self._last[layer][experts] = np.maximum(self._last[layer][experts], float(clock))
+
+
+@register
+class PrefetchPolicy(LRUPolicy):
+    """The legacy policy name ``prefetch``: LRU retention; its next-layer prefetch is the ``gate``
+    prefetcher part (``policies/prefetch.py``), composed by the ``prefetch`` system preset."""
+
+    name = "prefetch"

@@ -37,11 +37,12 @@ The rule, per MoE layer access (rows = batch*B block positions, row r = batch r/
    prompts while keeping the within-block ranking; weight 0 gives the pure stability rule).
    Default 0 since reuse copies (below): on the long-answer dev trace weight 1 costs 10-13% TPOT
    at 25-40% cache (3.37x vs 3.07x fused at 40%), as popular-but-idle experts block reuse copies.
-7. Reuse copies (``background_copies``, planner rule 4): up to 2 CPU-computed misses per access
-   with predicted reuse >= ``background_min_reuse`` are also copied to a slot off the critical
-   path, and the dispatcher then splits each access for its own makespan (no amortisation: the
-   reuse is served by the background copy). Without this the amortised rule copied nearly every
-   miss on the critical path (exposed copies ~1.7 s on the dev trace at 40%).
+7. Reuse copies are not this policy's business: they are the dispatch part ``cpu+reuse``
+   (``oled_hf.offload.dispatch``, planner rule 4), which any policy can be composed with. The
+   ``oled`` preset (``oled_hf.offload.system``) composes this policy with it: up to 2 CPU-computed
+   misses per access with predicted reuse >= 1 are also copied off the critical path, and each
+   access is split for its own makespan. ``config_reuse_copies`` only carries
+   ``OffloadConfig.oled_background_copies`` to a dispatcher the controller built without a system.
 """
 
 from __future__ import annotations
@@ -66,6 +67,9 @@ class OledPolicy(CachePolicy):
     name = "oled"
     tracks_usage = False
     uses_weights = True
+    # legacy bridge (see rule 7): the reuse copies a system-less dispatcher takes from this policy's config
+    config_reuse_copies: int = 2
+    config_reuse_min: float = 1.0
 
     def __init__(
         self,
@@ -81,8 +85,6 @@ class OledPolicy(CachePolicy):
         calibration_decay: float = 0.98,
         freq_weight: float = 0.0,
         freq_decay: float = 0.99,
-        background_copies: int = 2,
-        background_min_reuse: float = 1.0,
         **knobs: Any,
     ) -> None:
         super().__init__(num_layers, num_experts, **knobs)
@@ -96,8 +98,6 @@ class OledPolicy(CachePolicy):
         self.calibration_decay = float(calibration_decay)
         self.freq_weight = float(freq_weight)
         self.freq_decay = float(freq_decay)
-        self.background_copies = int(background_copies)  # planner rule 4 (reuse copies)
-        self.background_min_reuse = float(background_min_reuse)
         centres = self.threshold * (np.arange(N_BINS) + 0.5) / N_BINS
         prior = np.empty(N_CLASSES)
         prior[[STABLE, DECODED, COMMITTED, CONFIDENT, FRESH, EDITED]] = [1.0, 1.0, 1.0, 0.95, 0.3, 0.5]
@@ -135,7 +135,7 @@ class OledPolicy(CachePolicy):
 
     @classmethod
     def from_config(cls, num_layers: int, num_experts: int, config: Any) -> OledPolicy:
-        return cls(
+        policy = cls(
             num_layers,
             num_experts,
             confidence_threshold=config.oled_confidence_threshold,
@@ -145,9 +145,11 @@ class OledPolicy(CachePolicy):
             gate_power=config.oled_gate_power,
             freq_weight=config.oled_frequency_weight,
             freq_decay=config.oled_frequency_decay,
-            background_copies=config.oled_background_copies,
-            background_min_reuse=config.oled_background_min_reuse,
         )
+        # the legacy preset's dispatch knobs, read only by Dispatcher.bind_legacy (not by this policy)
+        policy.config_reuse_copies = int(config.oled_background_copies)
+        policy.config_reuse_min = float(config.oled_background_min_reuse)
+        return policy
 
     # ------------------------------------------------------------------ events
     def on_block_start(self, block_index: int, token_ids: Any) -> None:

@@ -1,38 +1,33 @@
-"""Next-layer speculative prefetch with LRU eviction (the prefetch baseline).
+"""Prefetchers, one part of a system: which experts of the next layer to copy ahead of its access.
 
-Models the comparison class of Mixtral-offloading (speculative expert loading, arXiv 2312.17238),
-Pre-gated MoE (arXiv 2308.12066), ProMoE (arXiv 2410.22134) and HybriMoE (arXiv 2504.05897): while
-layer l computes, layer l+1's router applied to the hidden state leaving layer l predicts layer
-l+1's experts, and those not resident are copied ahead on the copy engine; eviction is per-layer
-LRU (mixtral-offloading's cache). Mispredictions cost PCIe bandwidth and slots.
+A prefetcher knows nothing of the retention policy, the dispatch or the allocation: it hears the
+routing (``observe_access``) and the block starts, and names the experts of layer l+1 to copy while
+layer l computes (``prefetch_for``, best first). Replay (``oled_hf.sim.replay``) copies them on the
+copy engine and tells the retention policy which experts were admitted ahead of use
+(``CachePolicy.on_admitted``), so that the policy can rank them as it sees fit. Live runs do not
+prefetch yet: there a system with a prefetcher behaves as its other parts.
 
-The predictions come from version-2 traces (``Trace.predicted_routing``), so this policy prefetches
-in replay only; live it behaves as ``lru``. Prefetching is the small :class:`Prefetcher` protocol
-that replay drives: ``prefetch_for`` names the experts to copy ahead for a layer (best first),
-``on_prefetched`` tells the policy which ones were copied.
+* ``gate`` (``GatePrefetcher``): layer l+1's router applied to the hidden state leaving layer l
+  predicts its experts (recorded in version-2 traces, ``Trace.predicted_routing``); the predicted
+  experts, most tokens first, up to the layer's capacity, queue FIFO with demand copies. The
+  speculative loading of Mixtral-offloading (arXiv 2312.17238) and Pre-gated MoE (2308.12066).
+* ``gate-capped`` (ProMoE-style, arXiv 2410.22134; HybriMoE's impact-driven prefetch, 2504.05897):
+  the same prediction, capped by predicted benefit: only as many as can land before layer l+1
+  needs them (replay passes that ``budget``: a later copy saves nothing over a demand copy), and
+  demand copies go first on the copy engine (a queued prefetch that has not started yields).
+* ``matrix`` (``MatrixPrefetcher``, MoE-Infinity, arXiv 2401.14361): the request's expert
+  activation matrix (tokens per layer and expert so far) is matched to the closest (cosine)
+  matrix of a completed request; the experts of highest activation ratio in (current + matched),
+  as many as the layer used in its previous access. Needs no predicted routes.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
-from .base import register
-from .lru import LRUPolicy
-
-
-class Prefetcher:
-    """Mixin for policies that copy experts ahead of their layer (driven by ``oled_hf.sim.replay``)."""
-
-    uses_predicted_routes: ClassVar[bool] = False  # needs a version-2 trace
-
-    def prefetch_for(self, layer: int, predicted_counts: np.ndarray | None, capacity: int) -> np.ndarray:
-        """Experts of ``layer`` to copy ahead, best first (at most ``capacity``)."""
-        raise NotImplementedError
-
-    def on_prefetched(self, layer: int, experts: np.ndarray, clock: int) -> None:
-        """The experts that were copied (or already resident and protected) for ``layer``."""
+PREFETCHERS = ("none", "gate", "gate-capped", "matrix")
 
 
 def ranked(scores: np.ndarray, limit: int) -> np.ndarray:
@@ -42,18 +37,142 @@ def ranked(scores: np.ndarray, limit: int) -> np.ndarray:
     return idx[order][: max(int(limit), 0)]
 
 
-@register
-class PrefetchPolicy(LRUPolicy, Prefetcher):
-    """LRU eviction + prefetch of the experts the next-layer gate predicts (most tokens first)."""
+class Prefetcher:
+    """Interface of the prefetch part (the base prefetches nothing)."""
 
-    name = "prefetch"
+    name: ClassVar[str] = "none"
+    uses_predicted_routes: ClassVar[bool] = False  # needs a version-2 trace
+    demand_first: ClassVar[bool] = False  # demand copies overtake this prefetcher's queued copies
+    capped: ClassVar[bool] = False  # prefetch_for honours ``budget`` (copies that can land in time)
+
+    def __init__(self, num_layers: int, num_experts: int, **knobs: Any) -> None:
+        if knobs:
+            raise TypeError(f"{type(self).__name__} got unknown knobs: {', '.join(sorted(knobs))}")
+        self.num_layers, self.num_experts = int(num_layers), int(num_experts)
+
+    def observe_access(self, layer: int, counts: np.ndarray, clock: int) -> None:
+        """Tokens per expert of one layer access (after it was planned)."""
+
+    def on_block_start(self, block_index: int) -> None:
+        """A new block of the current sequence (a lower index than the last starts a new request)."""
+
+    def prefetch_for(self, layer: int, predicted_counts: np.ndarray | None, capacity: int,
+                     budget: int | None = None) -> np.ndarray:
+        """Experts of ``layer`` to copy ahead, best first (at most ``capacity``; ``budget`` where capped)."""
+        return np.zeros(0, dtype=np.int64)
+
+
+class GatePrefetcher(Prefetcher):
+    """Next-layer gate prediction, most predicted tokens first (``limit``: at most this many)."""
+
+    name = "gate"
     uses_predicted_routes = True
 
-    def prefetch_for(self, layer: int, predicted_counts: np.ndarray | None, capacity: int) -> np.ndarray:
+    def __init__(self, num_layers: int, num_experts: int, limit: int | None = None, **knobs: Any) -> None:
+        super().__init__(num_layers, num_experts, **knobs)
+        if limit is not None and (not isinstance(limit, int) or limit < 1):
+            raise ValueError(f"prefetch limit={limit!r} is invalid: must be an integer >= 1 or None (capacity)")
+        self.limit = limit
+
+    def prefetch_for(self, layer: int, predicted_counts: np.ndarray | None, capacity: int,
+                     budget: int | None = None) -> np.ndarray:
         if predicted_counts is None:
             return np.zeros(0, dtype=np.int64)
-        return ranked(np.asarray(predicted_counts, dtype=np.float64), capacity)
+        n = capacity if self.limit is None else min(capacity, self.limit)
+        if self.capped and budget is not None:
+            n = min(n, budget)
+        return ranked(np.asarray(predicted_counts, dtype=np.float64), n)
 
-    def on_prefetched(self, layer: int, experts: np.ndarray, clock: int) -> None:
-        # most recently used as of now, below the experts the access itself will use (clock + share)
-        self._last[layer][experts] = np.maximum(self._last[layer][experts], float(clock))
+
+class CappedGatePrefetcher(GatePrefetcher):
+    """ProMoE-style: the gate prediction capped by what can land in time; demand copies first."""
+
+    name = "gate-capped"
+    demand_first = True
+    capped = True
+
+
+class ActivationMatrix:
+    """MoE-Infinity's expert activation matrix (EAM) per request and its library of finished ones.
+
+    Shared by the ``moe-infinity`` retention policy (priority eviction) and the ``matrix``
+    prefetcher, each holding its own instance (the parts share code, not state).
+    """
+
+    def __init__(self, num_layers: int, num_experts: int, library_size: int = 256) -> None:
+        self.library_size = int(library_size)
+        self.eam = np.zeros((num_layers, num_experts))
+        self.library: list[np.ndarray] = []  # row-normalised EAMs of completed requests
+        self._matched: np.ndarray | None = None
+        self._matched_clock = -1
+        self._last_block = -1
+
+    @staticmethod
+    def rows(eam: np.ndarray) -> np.ndarray:
+        return eam / np.maximum(eam.sum(axis=1, keepdims=True), 1e-12)
+
+    def add(self, layer: int, counts: np.ndarray) -> None:
+        self.eam[layer] += counts
+
+    def block_start(self, block_index: int) -> None:
+        if block_index <= self._last_block and self.eam.any():  # a new request: file the finished one
+            self.library.append(self.rows(self.eam))
+            self.library = self.library[-self.library_size:]
+            self.eam[:] = 0.0
+            self._matched_clock = -1
+        self._last_block = block_index
+
+    def match(self, clock: int) -> np.ndarray | None:
+        """The library EAM closest (cosine) to the current one; once per forward."""
+        if clock != self._matched_clock:
+            self._matched_clock = clock
+            self._matched = None
+            if self.library and self.eam.any():
+                cur = self.rows(self.eam).reshape(-1)
+                lib = np.stack(self.library).reshape(len(self.library), -1)
+                sim = lib @ cur / (np.linalg.norm(lib, axis=1) * np.linalg.norm(cur) + 1e-12)
+                self._matched = self.library[int(np.argmax(sim))]
+        return self._matched
+
+    def score(self, layer: int, clock: int | None = None) -> np.ndarray:
+        """Activation ratio of the layer's experts: current request's, plus the matched request's."""
+        cur = self.eam[layer] / max(float(self.eam[layer].sum()), 1e-12)
+        matched = self.match(clock) if clock is not None else self._matched
+        return cur if matched is None else cur + matched[layer]
+
+
+class MatrixPrefetcher(Prefetcher):
+    """MoE-Infinity's activation-matrix prefetch (see the module docstring)."""
+
+    name = "matrix"
+
+    def __init__(self, num_layers: int, num_experts: int, library_size: int = 256, **knobs: Any) -> None:
+        super().__init__(num_layers, num_experts, **knobs)
+        self.matrix = ActivationMatrix(num_layers, num_experts, library_size)
+        self._last_unique = np.zeros(self.num_layers, dtype=np.int64)
+        self._clock = 0
+
+    def observe_access(self, layer: int, counts: np.ndarray, clock: int) -> None:
+        self.matrix.add(layer, counts)
+        self._last_unique[layer] = int(np.count_nonzero(counts))
+        self._clock = clock
+
+    def on_block_start(self, block_index: int) -> None:
+        self.matrix.block_start(block_index)
+
+    def prefetch_for(self, layer: int, predicted_counts: np.ndarray | None, capacity: int,
+                     budget: int | None = None) -> np.ndarray:
+        n = min(int(self._last_unique[layer]) or capacity, capacity)
+        return ranked(self.matrix.score(layer, self._clock), n)
+
+
+_PREFETCHERS: dict[str, type[Prefetcher]] = {
+    "none": Prefetcher, "gate": GatePrefetcher, "gate-capped": CappedGatePrefetcher, "matrix": MatrixPrefetcher,
+}
+
+
+def make_prefetcher(name: str, num_layers: int, num_experts: int, **knobs: Any) -> Prefetcher | None:
+    """The prefetch part by name (None for ``none``)."""
+    if name not in _PREFETCHERS:
+        raise ValueError(f"prefetch={name!r} is unknown; allowed: {', '.join(PREFETCHERS)}")
+    return None if name == "none" else _PREFETCHERS[name](num_layers, num_experts, **knobs)

@@ -3,6 +3,10 @@
 Profiles routing for a warm-up, then fixes each layer's resident set forever: the top-capacity
 experts by token frequency. After warm-up only that set is admitted; other experts run on the CPU
 or, with CPU compute off, stream through the slot of the lowest-priority resident expert.
+
+``profile`` (tokens per layer and expert, e.g. ``profile_counts`` of a dev-split trace) replaces the
+warm-up: the placement is fixed from the first access, as kTransformers' ``--init-expert-location``
+and Fiddler's popularity profiling build it offline.
 """
 
 from __future__ import annotations
@@ -20,13 +24,21 @@ class StaticPolicy(CachePolicy):
 
     name = "static"
 
-    def __init__(self, num_layers: int, num_experts: int, warmup_iterations: int = 8, **knobs: Any) -> None:
+    def __init__(self, num_layers: int, num_experts: int, warmup_iterations: int = 8,
+                 profile: np.ndarray | None = None, **knobs: Any) -> None:
         super().__init__(num_layers, num_experts, **knobs)
         self.warmup_iterations = int(warmup_iterations)
         self._counts = np.zeros((self.num_layers, self.num_experts))
         self._iterations = 0
         self.frozen = False
         self._admit: np.ndarray | None = None
+        if profile is not None:
+            prof = np.asarray(profile, dtype=np.float64)
+            if prof.shape != self._counts.shape:
+                raise ValueError(f"static profile has shape {prof.shape}, expected (layers, experts) = "
+                                 f"{self._counts.shape}")
+            self._counts[:] = prof
+            self.frozen = True
 
     @classmethod
     def from_config(cls, num_layers: int, num_experts: int, config: Any) -> StaticPolicy:
