@@ -249,10 +249,13 @@ def first_non_finite(tensor: torch.Tensor) -> tuple[int, list[int]] | None:
     return int(bad.sum()), first
 
 
-def non_finite_message(name: str, found: tuple[int, list[int]], numel: int) -> str:
+def non_finite_message(name: str, found: tuple[int, list[int]], numel: int, dtype: torch.dtype | None = None) -> str:
     count, first = found
+    # float16 is the one common load dtype narrower in range than the stored float32/bfloat16
+    cause = ("the checkpoint is corrupt, or its values overflow float16 (load with dtype=torch.bfloat16)"
+             if dtype == torch.float16 else "the checkpoint is corrupt. Re-download or re-convert it")
     return (f"tensor {name} holds {count} non-finite value(s) (NaN or inf) of {numel}, the first at index "
-            f"{first}; the checkpoint is corrupt. Re-download or re-convert it")
+            f"{first}; {cause}")
 
 
 def check_finite(tensors, where: dict[str, str], source) -> None:
@@ -269,8 +272,9 @@ def check_finite(tensors, where: dict[str, str], source) -> None:
             continue
         key = model_key(name, where)
         if key is None:
-            raise CheckpointError(f"{source}: after loading, {non_finite_message(name, found, tensor.numel())}")
-        raise CheckpointError(f"{where[key]}: {non_finite_message(key, found, tensor.numel())}")
+            raise CheckpointError(f"{source}: after loading, "
+                                  f"{non_finite_message(name, found, tensor.numel(), tensor.dtype)}")
+        raise CheckpointError(f"{where[key]}: {non_finite_message(key, found, tensor.numel(), tensor.dtype)}")
 
 
 def check_loading_info(model_name: str, source, missing: set[str], unexpected: set[str]) -> None:

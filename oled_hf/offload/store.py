@@ -127,7 +127,7 @@ class ExpertStore:
                     name = f"model.layers.{layer}.mlp.experts.{e}.{part}.weight"
                     raise checkpoint_files.CheckpointError(
                         f"{locations[(layer, e, part)].path}: "
-                        f"{checkpoint_files.non_finite_message(name, found, tensor.numel())}")
+                        f"{checkpoint_files.non_finite_message(name, found, tensor.numel(), tensor.dtype)}")
 
     def _map_views(self, locations) -> None:
         """Zero-copy views; each expert is checked finite when first used (see ``weights``)."""

@@ -55,6 +55,13 @@ def test_non_finite_weight_is_refused_at_load_naming_tensor_and_file(copy_checkp
         _load(path, offloaded)
 
 
+def test_a_value_overflowing_float16_says_so(copy_checkpoint, tiny_model):
+    path = copy_checkpoint(_poisoned(tiny_model, EMBED, 1e6, at=(2, 2)))
+    with pytest.raises(CheckpointError, match=rf"tensor {re.escape(EMBED)} holds 1 non-finite .* the first at index "
+                                              r"\[2, 2\]; the checkpoint is corrupt, or its values overflow float16"):
+        _load(path, False, dtype=torch.float16)
+
+
 def test_nan_in_a_routed_expert_is_refused_resident_and_offloaded(copy_checkpoint, tiny_model):
     path = copy_checkpoint(_poisoned(tiny_model, EXPERT, float("nan"), at=(1, 2)))
     shard = re.escape(str(path / _weight_map(path)[EXPERT]))
