@@ -110,7 +110,11 @@ def belady_min(trace: Trace, capacities: int | list[int], *, bypass: bool = True
 
 def belady_global(trace: Trace, total_slots: int) -> BeladyResult:
     """MIN with bypass over all layers at one budget of ``total_slots`` (bounds adaptive splits)."""
-    sets = request_sets(trace)
+    return global_min(request_sets(trace), total_slots)
+
+
+def global_min(sets: np.ndarray, total_slots: int, hit_out: np.ndarray | None = None) -> BeladyResult:
+    """:func:`belady_global` over request sets ``[L, F, E]``; ``hit_out`` (same shape) gets MIN's hits."""
     nxt = next_uses(sets)
     L, F, E = sets.shape
     if total_slots < 1:
@@ -126,7 +130,10 @@ def belady_global(trace: Trace, total_slots: int) -> BeladyResult:
             req = sets[l, t]
             sl = slice(l * E, (l + 1) * E)
             n_req = int(req.sum())
-            h = int((cache[sl] & req).sum())
+            hit = cache[sl] & req
+            if hit_out is not None:
+                hit_out[l, t] = hit
+            h = int(hit.sum())
             per_layer[l] += h
             hits += h
             misses += n_req - h
