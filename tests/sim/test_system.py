@@ -1,0 +1,93 @@
+"""A system is a composition of parts: the grammar, presets, and 'same parts, same plan'."""
+
+import hashlib
+
+import numpy as np
+import pytest
+
+from oled_hf.offload.config import OffloadConfig
+from oled_hf.offload.controller import CacheController
+from oled_hf.offload.costmodel import CostModel
+from oled_hf.offload.system import SYSTEM_PRESETS, System, build_controller, parse_system, system_of_legacy
+from oled_hf.sim.replay import replay
+from oled_hf.sim.synthetic import synthetic_trace
+from oled_hf.sim.trace import OP_BLOCK_END, OP_FORWARD
+
+CM = CostModel.h200_pcie5(512, 128)
+TRACE = synthetic_trace(num_layers=3, num_experts=64, top_k=8, block_length=16, num_blocks=3, num_sequences=2,
+                        hidden_size=512, moe_intermediate_size=128, seed=5)
+
+
+def _digest(ctrl: CacheController) -> str:
+    h = hashlib.sha256()
+    for op, idx in TRACE.ops():
+        if op == OP_FORWARD:
+            ctrl.begin_forward()
+            ids, weights = TRACE.routing(idx)
+            for layer in range(TRACE.num_layers):
+                p = ctrl.plan(layer, np.ascontiguousarray(ids[layer]), np.ascontiguousarray(weights[layer]))
+                h.update(repr((p.hits, p.copies, p.cpu, p.background, sorted(p.slot_of.items()))).encode())
+        else:
+            TRACE.deliver(ctrl, op, idx)
+        if op == OP_BLOCK_END:
+            h.update(repr(list(ctrl.capacities)).encode())
+    h.update(repr(ctrl.stats.to_dict(per_layer=True)).encode())
+    return h.hexdigest()[:16]
+
+
+def test_grammar_and_presets():
+    assert parse_system("lru+cpu+reuse+adaptive") == System("lru", "none", "cpu+reuse", "adaptive")
+    assert parse_system("moe-infinity+matrix+cpu").parts == "moe-infinity+matrix+cpu+uniform"
+    assert parse_system("lru").parts == "lru+none+copy+uniform" == parse_system("mixtral-offloading").parts
+    assert parse_system("oled").parts == "oled+none+cpu+reuse+adaptive"
+    for name, text in SYSTEM_PRESETS.items():
+        assert parse_system(name) == parse_system(text)
+    with pytest.raises(ValueError, match=r"unknown part 'gpu'; expected RETENTION\[\+PREFETCH\].*"
+                                         r"DISPATCH one of copy, cpu, cpu\+reuse"):
+        parse_system("lru+gpu")
+    with pytest.raises(ValueError, match="the first part must be a retention policy"):
+        parse_system("cpu+lru")
+    with pytest.raises(ValueError, match="'reuse' follows 'cpu'"):
+        parse_system("lru+reuse")
+    with pytest.raises(ValueError, match="part 'gate' .prefetch. is repeated or out of order"):
+        parse_system("lru+cpu+gate")
+
+
+@pytest.mark.parametrize("policy, cpu, adaptive", [("oled", "on", True), ("lru", "off", False), ("tide", "on", True),
+                                                   ("static", "on", False), ("lfu", "off", True), ("oled", "off", False)])
+def test_same_parts_give_the_same_plan_whatever_the_name(policy, cpu, adaptive):
+    """The legacy config path (what live runs build), the parts string and a preset plan identically."""
+    config = OffloadConfig(cache_size=12, policy=policy, cpu_compute=cpu, layer_adaptive=adaptive)
+    legacy = _digest(CacheController(config, 3, 64, CM))
+    system = system_of_legacy(policy, cpu, adaptive)
+    assert _digest(build_controller(config, system, 3, 64, CM)) == legacy
+    assert _digest(build_controller(config, parse_system(system.parts), 3, 64, CM)) == legacy
+    if (policy, cpu, adaptive) == ("oled", "on", True):
+        assert _digest(build_controller(config, parse_system("oled"), 3, 64, CM)) == legacy
+
+
+def test_reuse_copies_are_a_dispatch_part_any_policy_can_use():
+    config = OffloadConfig(cache_size=12)
+    plain = build_controller(config, parse_system("lru+cpu+adaptive"), 3, 64, CM)
+    full = build_controller(config, parse_system("lru+cpu+reuse+adaptive"), 3, 64, CM)
+    assert _digest(plain) != _digest(full)
+    assert full.dispatcher.mode == "cpu+reuse" and full.dispatcher.reuse_copies == 2
+    assert full.stats.total("copies") > 0
+
+
+def test_replay_counters_equal_across_names():
+    a = replay(TRACE, "x", 12, system="oled", cost_model=CM, planner_s=0.0)
+    b = replay(TRACE, "y", 12, system="oled+cpu+reuse+adaptive", cost_model=CM, planner_s=0.0)
+    c = replay(TRACE, "oled", 12, cpu_compute="on", layer_adaptive=True, cost_model=CM, planner_s=0.0)
+    for r in (b, c):
+        assert (r.hits, r.misses, r.copies, r.cpu_expert_tokens, r.sim_time_s) == (
+            a.hits, a.misses, a.copies, a.cpu_expert_tokens, a.sim_time_s)
+    assert a.system == c.system == "oled+none+cpu+reuse+adaptive"
+
+
+def test_a_believed_cost_model_changes_decisions_not_the_clock():
+    truth = replay(TRACE, "x", 12, system="lru+cpu+uniform", cost_model=CM, planner_s=0.0)
+    wrong = replay(TRACE, "x", 12, system="lru+cpu+uniform", cost_model=CM, planner_s=0.0,
+                   believed=CM.believed(cpu_scale=4.0))
+    assert wrong.cpu_expert_tokens > truth.cpu_expert_tokens
+    assert wrong.full_time_s == truth.full_time_s
