@@ -154,13 +154,22 @@ def save_llada2_tokenizer(tokenizer_object: Tokenizer, out_dir: str | os.PathLik
     return AutoTokenizer.from_pretrained(str(out))
 
 
-def load_tokenizer(path: str | os.PathLike, **kwargs):
+def load_tokenizer(path: str | os.PathLike, *, model=None, **kwargs):
     """``AutoTokenizer.from_pretrained`` whose errors on a damaged local folder name the file.
 
     The tokenizers library reports a corrupt ``tokenizer.json`` as a bare JSON error; checking the
     folder's JSON files first (and labelling any other failure with the folder) tells the user
-    which file to fix.
+    which file to fix. With ``model``, the tokenizer is also checked against the model's
+    vocabulary and special ids (``check_tokenizer_matches``), so a mismatched pair fails at load
+    instead of on every request.
     """
+    tokenizer = _load_tokenizer(path, **kwargs)
+    if model is not None:
+        check_tokenizer_matches(tokenizer, model.config, getattr(model, "generation_config", None), path)
+    return tokenizer
+
+
+def _load_tokenizer(path: str | os.PathLike, **kwargs):
     from transformers import AutoTokenizer
 
     from ..modeling.checkpoint_files import CheckpointError, check_json_file
@@ -178,3 +187,36 @@ def load_tokenizer(path: str | os.PathLike, **kwargs):
     except Exception as error:  # tokenizers raises plain Exception for a malformed tokenizer.json
         raise CheckpointError(f"{folder}: the tokenizer (tokenizer.json, tokenizer_config.json) could not be "
                               f"loaded: {error}") from error
+
+
+def check_tokenizer_matches(tokenizer, config, generation_config=None, source: str | os.PathLike = "") -> None:
+    """Refuse a tokenizer that cannot be the model's own, naming the ids and sizes that disagree.
+
+    Why: a tokenizer larger than ``vocab_size`` (or whose special ids lie beyond it) makes every
+    prompt that uses those ids fail as if the client had sent bad input; one that lacks the
+    model's own special ids (EOS, mask, pad) is a different vocabulary, so the model's ids decode
+    to empty text and generation never stops. A tokenizer *smaller* than ``vocab_size`` is normal
+    and allowed: official checkpoints pad the embedding above the tokenizer's length.
+    """
+    where = f"{source}: " if str(source) else ""
+    vocab = config.vocab_size
+    size = len(tokenizer)
+    if size > vocab:
+        raise ValueError(f"{where}the tokenizer has {size} tokens but the model's vocab_size is {vocab} (config.json): "
+                         f"ids {vocab} to {size - 1} have no embedding. Use the tokenizer the checkpoint was trained "
+                         "with (allowed: at most vocab_size tokens)")
+    for name in ("mask_token_id", "eos_token_id", "pad_token_id", "bos_token_id"):
+        value = getattr(tokenizer, name, None)
+        if isinstance(value, int) and not 0 <= value < vocab:
+            raise ValueError(f"{where}the tokenizer's {name}={value} is outside the model's vocabulary "
+                             f"(allowed: 0 to {vocab - 1}, vocab_size={vocab} in config.json)")
+    for origin, holder in (("config.json", config), ("generation_config.json", generation_config)):
+        for name in ("mask_token_id", "eos_token_id", "pad_token_id"):
+            value = getattr(holder, name, None) if holder is not None else None
+            ids = value if isinstance(value, (list, tuple)) else [value]
+            for token_id in ids:
+                if isinstance(token_id, int) and not isinstance(token_id, bool) and not 0 <= token_id < size:
+                    raise ValueError(
+                        f"{where}the model's {name}={token_id} ({origin}) is not a token of its tokenizer, which has "
+                        f"{size} tokens: the tokenizer belongs to a different vocabulary (its ids would decode "
+                        f"wrongly). Use the checkpoint's own tokenizer (allowed: ids 0 to {size - 1})")

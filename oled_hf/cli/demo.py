@@ -97,6 +97,7 @@ def demo(args: argparse.Namespace) -> int:
     tok = load_tokenizer(path)
     config = oled_hf.OffloadConfig(cache_ratio=args.cache_ratio, policy=args.policy)
     resident = AutoModelForCausalLM.from_pretrained(path).eval()
+    load_tokenizer(path, model=resident)  # checks the pair once the model's vocabulary is known
     offloaded = AutoModelForCausalLM.from_pretrained(path, offload_config=config).eval()
     stats = offloaded.offload_stats()
     print(f"model: {path} ({type(offloaded).__name__}, {offloaded.num_parameters() / 1e6:.2f}M parameters)")

@@ -83,7 +83,7 @@ def load_model(pretrained: str, *, device: str | None = None, dtype="auto", offl
     if device != "cpu":
         kwargs["device_map"] = device
     model = AutoModelForCausalLM.from_pretrained(pretrained, **kwargs).eval()
-    tokenizer = load_tokenizer(pretrained)
+    tokenizer = load_tokenizer(pretrained, model=model)
     return model, tokenizer
 
 

@@ -212,8 +212,7 @@ def test_copy_checkpoint_edits_really_land(copy_checkpoint, tiny_model):
 def test_the_checkpoints_own_tokenizers_match(tiny_model, tiny_tokenizer):
     from transformers import AutoConfig, GenerationConfig
 
-    from oled_hf.checkpoints.tokenizer import load_tokenizer
-    from oled_hf.cli.common import check_tokenizer_matches
+    from oled_hf.checkpoints.tokenizer import check_tokenizer_matches, load_tokenizer
     from oled_hf.toy import TOY_CHECKPOINT
 
     check_tokenizer_matches(tiny_tokenizer, tiny_model.config, tiny_model.generation_config, "tiny")
@@ -224,7 +223,7 @@ def test_the_checkpoints_own_tokenizers_match(tiny_model, tiny_tokenizer):
 
 def test_a_tokenizer_smaller_than_a_padded_vocabulary_is_allowed(tiny_model, tiny_tokenizer):
     """Official checkpoints pad vocab_size above the tokenizer's length (157184 for LLaDA2.0-mini)."""
-    from oled_hf.cli.common import check_tokenizer_matches
+    from oled_hf.checkpoints.tokenizer import check_tokenizer_matches
 
     padded = tiny_model.config.to_dict() | {"vocab_size": 640}
     check_tokenizer_matches(tiny_tokenizer, type(tiny_model.config)(**padded), None, "padded")
@@ -237,8 +236,7 @@ def test_a_tokenizer_smaller_than_a_padded_vocabulary_is_allowed(tiny_model, tin
           r"tokens"),
 ])
 def test_a_tokenizer_of_another_vocabulary_is_refused(tmp_path, tiny_model, size, message):
-    from oled_hf.checkpoints.tokenizer import build_tokenizer
-    from oled_hf.cli.common import check_tokenizer_matches
+    from oled_hf.checkpoints.tokenizer import build_tokenizer, check_tokenizer_matches
 
     tokenizer = build_tokenizer(tmp_path / "tok", size)
     with pytest.raises(ValueError, match=message):
@@ -248,7 +246,7 @@ def test_a_tokenizer_of_another_vocabulary_is_refused(tmp_path, tiny_model, size
 def test_a_special_id_beyond_the_vocabulary_is_refused(tiny_model, tiny_tokenizer):
     from types import SimpleNamespace
 
-    from oled_hf.cli.common import check_tokenizer_matches
+    from oled_hf.checkpoints.tokenizer import check_tokenizer_matches
 
     small = SimpleNamespace(vocab_size=len(tiny_tokenizer), mask_token_id=0, eos_token_id=1, pad_token_id=1)
     class Tok(SimpleNamespace):
@@ -259,3 +257,13 @@ def test_a_special_id_beyond_the_vocabulary_is_refused(tiny_model, tiny_tokenize
     with pytest.raises(ValueError, match=rf"the tokenizer's eos_token_id={len(tiny_tokenizer) + 3} is outside the "
                                          rf"model's vocabulary \(allowed: 0 to {len(tiny_tokenizer) - 1}"):
         check_tokenizer_matches(fake, small)
+
+
+def test_load_tokenizer_with_its_model_refuses_a_mismatched_pair(tmp_path, tiny_model):
+    """The loaders (lm-eval adapter, server, demo) pass the model, so a wrong pair fails at load."""
+    from oled_hf.checkpoints.tokenizer import build_tokenizer, load_tokenizer
+
+    build_tokenizer(tmp_path / "tok", 600)
+    with pytest.raises(ValueError, match=r"the tokenizer has 600 tokens but the model's vocab_size is 512"):
+        load_tokenizer(tmp_path / "tok", model=tiny_model)
+    assert len(load_tokenizer(tmp_path / "tok")) == 600  # without the model: only the tokenizer's own checks
