@@ -89,3 +89,44 @@ def test_init_continues_a_checkpoint_and_records_its_lineage(tmp_path):
     assert any(not torch.equal(a[k], b[k]) for k in a)  # it trained on
     with pytest.raises(ValueError, match="cannot be combined with --init"):
         train_long(tmp_path / "c", MIX, steps=1, init=tmp_path / "a", **FAST)
+
+
+def test_deep_preset_has_eight_moe_layers_at_minis_routing_shape(tmp_path):
+    from oled_hf.toy.long.tokenizer import build_long_tokenizer
+    from oled_hf.toy.long.train import preset_model
+    from oled_hf.toy.train import toy_config
+
+    config = toy_config(build_long_tokenizer(tmp_path), **preset_model("deep"))
+    assert config.num_hidden_layers - config.first_k_dense_replace == 8 and config.first_k_dense_replace == 1
+    assert (config.num_experts, config.num_experts_per_tok, config.n_group, config.topk_group,
+            config.num_shared_experts) == (256, 8, 8, 4, 1)
+    assert config.use_qk_norm and config.partial_rotary_factor < 1 and config.moe_router_enable_expert_bias
+    assert preset_model("long")["num_hidden_layers"] == 4
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--preset", "wide"], "--preset 'wide': expected one of long, deep"),
+    (["--init", "/nonexistent/ckpt"], "--init /nonexistent/ckpt: no config.json there"),
+    (["--task", "sort"], "unknown task 'sort'"),
+])
+def test_bad_start_is_a_usage_error_before_anything_is_written(tmp_path, capsys, args, says):
+    with pytest.raises(SystemExit) as exc:
+        main([str(tmp_path / "x"), *args])
+    assert exc.value.code == 2 and says in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_stages_record_every_command(tmp_path, monkeypatch):
+    import oled_hf.toy.long.train as train_mod
+
+    monkeypatch.setattr(train_mod, "LONG_MODEL", {**train_mod.LONG_MODEL, **MICRO})
+    common = ["--task", "vary:1:12-12", "--steps", "1", "--batch-size", "2", "--eval-n", "0", "--eval-every", "0",
+              "--warmup", "1"]
+    main([str(tmp_path / "s1"), "--preset", "deep", *common])
+    first = json.loads((tmp_path / "s1" / REPORT_NAME).read_text())
+    assert first["preset"] == "deep" and first["model"]["num_hidden_layers"] == 9
+    main([str(tmp_path / "s2"), "--init", str(tmp_path / "s1"), *common])
+    second = json.loads((tmp_path / "s2" / REPORT_NAME).read_text())
+    assert second["stages"] == [first["command"], second["command"]] and second["stages"][1][4:6] == [
+        "--init", str(tmp_path / "s1")]
+    assert second["model"]["num_hidden_layers"] == 9 and second["preset"] is None

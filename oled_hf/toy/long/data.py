@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from .tasks import Problem, TaskSpec, heldout_problems, train_problems
+from .tasks import DEFAULT_MIX, SHIPPED_MIX, Problem, TaskSpec, heldout_problems, train_problems
 
 # Every word of the chat frame and of the questions becomes one token; answer words stay spelled.
 QUESTION_WORDS = ("SYSTEM", "HUMAN", "ASSISTANT", "detailed thinking off", "Reverse 0", "Spell 0",
@@ -128,8 +128,16 @@ def sample_batch(enc: LongEncoding, mix: tuple[TaskSpec, ...], batch_size: int, 
     return clean, lengths, problems
 
 
+# The lm-eval data (eval/tasks/long_answer/data): the shipped checkpoint's tasks and the default mix's.
+EVAL_MIX: tuple[TaskSpec, ...] = (*SHIPPED_MIX, *(t for t in DEFAULT_MIX if t not in SHIPPED_MIX))
+
+
 def record(p: Problem) -> dict:
-    """One lm-eval JSONL row: the bare question (the task YAML adds the chat frame) and the answer."""
+    """One lm-eval JSONL row: the bare question (the task YAML adds the chat frame) and the answer.
+
+    For a task with many right answers the answer is the reference drawn with the problem (one valid
+    answer); ``eval/tasks/long_answer/utils.py`` scores those tasks with the checker instead.
+    """
     return {"task": p.task, "question": p.question, "answer": p.answer}
 
 
@@ -149,17 +157,18 @@ def write_jsonl(out_dir: str | os.PathLike, mix: tuple[TaskSpec, ...], n_train: 
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m oled_hf.toy.long.data OUT [--n-train N] [--n-heldout N]``: per-task lm-eval JSONL files."""
-    import argparse
+    """``python -m oled_hf.toy.long.data OUT [--n-train N] [--n-heldout N]``: per-task lm-eval JSONL files.
 
-    from .tasks import DEFAULT_MIX
+    Writes ``EVAL_MIX``: the shipped checkpoint's four tasks and the default mix's open tasks.
+    """
+    import argparse
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("out")
     parser.add_argument("--n-train", type=int, default=50)
     parser.add_argument("--n-heldout", type=int, default=200)
     args = parser.parse_args(argv)
-    for name, path in write_jsonl(args.out, DEFAULT_MIX, args.n_train, args.n_heldout).items():
+    for name, path in write_jsonl(args.out, EVAL_MIX, args.n_train, args.n_heldout).items():
         print(f"{name}: {path}")
 
 

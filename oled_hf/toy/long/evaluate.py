@@ -1,8 +1,10 @@
-"""Held-out exact match and decoding figures of a long-answer checkpoint, through ``model.generate``.
+"""Held-out accuracy and decoding figures of a long-answer checkpoint, through ``model.generate``.
 
-Per task: exact match (greedy), mean denoising iterations per block, tokens committed per
-forward and blocks per answer, from the statistics ``generate`` returns (the decoder the CLI, the
-server and lm-eval use, with its prefix KV cache). Printed for the shipped decoding setting
+Per task: accuracy (greedy; the checker's pass rate for a task with many right answers, exact
+match otherwise, ``tasks.check``), exact match against the reference answer, mean denoising
+iterations per block, tokens committed per forward and blocks per answer, from the statistics
+``generate`` returns (the decoder the CLI, the server and lm-eval use, with its prefix KV cache),
+and the open tasks pooled (``open``). Printed for the shipped decoding setting
 (block 16, threshold 0.95) and for LLaDA2.0-mini's block 32 at threshold 0.9:
 
     python -m oled_hf.toy.long.evaluate [CHECKPOINT] [--n 200] [--settings 16:0.95 32:0.9] [--json OUT]
@@ -20,7 +22,7 @@ from pathlib import Path
 import torch
 
 from .data import LongEncoding
-from .tasks import DEFAULT_MIX, Problem, TaskSpec, heldout_problems
+from .tasks import DEFAULT_MIX, OPEN_TASKS, Problem, TaskSpec, check, heldout_problems
 
 
 @dataclass
@@ -29,20 +31,30 @@ class TaskFigures:
 
     task: str
     n: int = 0
-    correct: int = 0
+    correct: int = 0  # answers ``tasks.check`` accepts (the checker for open tasks, else exact match)
+    exact: int = 0  # answers equal to the reference answer
     iterations: int = 0  # denoising iterations, summed over answers
     blocks: int = 0  # blocks decoded, summed over answers
     tokens: int = 0  # tokens generated (EOS included), summed over answers
 
     def add(self, other: TaskFigures) -> None:
-        for name in ("n", "correct", "iterations", "blocks", "tokens"):
+        for name in ("n", "correct", "exact", "iterations", "blocks", "tokens"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
     def summary(self) -> dict:
-        return {"task": self.task, "n": self.n, "exact_match": self.correct / max(1, self.n),
+        return {"task": self.task, "n": self.n, "accuracy": self.correct / max(1, self.n),
+                "scored_by": scored_by(self.task),
+                "exact_match": self.exact / max(1, self.n),
                 "iterations_per_block": self.iterations / max(1, self.blocks),
                 "tokens_per_forward": self.tokens / max(1, self.iterations),
                 "blocks_per_answer": self.blocks / max(1, self.n)}
+
+
+def scored_by(task: str) -> str:
+    """How a task's accuracy is scored (pooled rows mix both)."""
+    if task in OPEN_TASKS or task == "open":
+        return "checker"
+    return "both" if task == "all" else "exact match"
 
 
 def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,7 +89,8 @@ def decode(model, enc: LongEncoding, problems: list[Problem], *, block_length: i
         for p, row in zip(chunk, new):
             text = answer_text(enc.tokenizer, row, enc.eos)
             texts.append(text)
-            fig.correct += text == p.answer
+            fig.correct += check(p, text)
+            fig.exact += text == p.answer
             fig.tokens += min(len(row), (row.index(enc.eos) + 1) if enc.eos in row else len(row))
         fig.n += len(chunk)
         fig.iterations += int(out.iterations.sum())
@@ -89,7 +102,7 @@ def evaluate(model, tokenizer, mix: tuple[TaskSpec, ...] = DEFAULT_MIX, *, n: in
              threshold: float = 0.95, batch_size: int = 50, examples: int = 2) -> dict:
     """Per-task and pooled figures on the first ``n`` held-out problems of each task."""
     enc = LongEncoding.from_tokenizer(tokenizer)
-    overall = TaskFigures("all")
+    overall, open_tasks = TaskFigures("all"), TaskFigures("open")
     tasks, shown = [], []
     for spec in mix:
         problems = heldout_problems(spec, n)
@@ -97,16 +110,23 @@ def evaluate(model, tokenizer, mix: tuple[TaskSpec, ...] = DEFAULT_MIX, *, n: in
                             batch_size=batch_size)
         tasks.append(fig.summary())
         overall.add(fig)
+        if spec.name in OPEN_TASKS:
+            open_tasks.add(fig)
         shown += [{"question": p.question, "expected": p.answer, "got": t} for p, t in zip(problems, texts)][:examples]
-    return {"block_length": block_length, "threshold": threshold, "tasks": tasks, "overall": overall.summary(),
-            "examples": shown}
+    result = {"block_length": block_length, "threshold": threshold, "tasks": tasks, "overall": overall.summary(),
+              "examples": shown}
+    if open_tasks.n:  # the open tasks pooled: where the hesitation has to come from choice
+        result["open"] = open_tasks.summary()
+    return result
 
 
 def format_table(result: dict) -> str:
     lines = [f"block {result['block_length']}, threshold {result['threshold']}",
-             f"{'task':<16} {'n':>5} {'exact':>7} {'iter/block':>11} {'tok/forward':>12} {'blocks/answer':>14}"]
-    for row in result["tasks"] + [result["overall"]]:
-        lines.append(f"{row['task']:<16} {row['n']:>5} {row['exact_match']:>7.3f} {row['iterations_per_block']:>11.2f} "
+             f"{'task':<16} {'n':>5} {'accuracy':>9} {'exact':>7} {'iter/block':>11} {'tok/forward':>12} "
+             f"{'blocks/answer':>14}"]
+    for row in result["tasks"] + [result[k] for k in ("open", "overall") if k in result]:
+        lines.append(f"{row['task']:<16} {row['n']:>5} {row['accuracy']:>9.3f} {row['exact_match']:>7.3f} "
+                     f"{row['iterations_per_block']:>11.2f} "
                      f"{row['tokens_per_forward']:>12.2f} {row['blocks_per_answer']:>14.2f}")
     return "\n".join(lines)
 

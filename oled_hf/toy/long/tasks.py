@@ -8,7 +8,12 @@ seeds or weights, and a held-out counting sequence or addition is never seen in 
 length. Later answer tokens depend on earlier ones (carries, running counts, the label before a
 word), so decoding a block takes several iterations.
 
-Tasks (``size`` is the task's length knob); the default mix is the last four:
+Tasks (``size`` is the task's length knob); the tasks with many right answers (``climb``, ``pick``,
+``vary``) are in ``open_tasks.py``. ``SHIPPED_TASKS`` (``reverse_labeled``, ``spell_labeled``,
+``count``, ``add``) is the shipped checkpoint's mix; ``DEFAULT_TASKS``, the mix new models train on,
+keeps its two solved tasks, drops ``count`` and ``add`` (0% exact match in the shipped model) and
+adds the three open tasks. :func:`check` scores an answer: the checker for an open task, exact
+match otherwise.
 
 * ``reverse``: ``Reverse 3141592...`` -> the digits in reverse order (size: digits, answer = size tokens);
 * ``spell``:   ``Spell 4071`` -> ``four zero seven one`` (size: digits; the words are spelled letter by letter);
@@ -38,30 +43,12 @@ put them at a constant offset and labelled columns make them a content lookup.
 
 from __future__ import annotations
 
-import hashlib
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-HELDOUT_MODULUS = 16  # 1 key in 16 is held out
-SPLIT_SALT = b"oled-hf-long-tasks-v1"
-WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One question/answer pair; ``key`` is what the split hashes (``task:key``)."""
-
-    task: str
-    key: str
-    question: str
-    answer: str
-
-
-def key_is_heldout(task: str, key: str) -> bool:
-    """True for the ~1/HELDOUT_MODULUS keys of ``task`` that belong to the held-out split."""
-    digest = hashlib.blake2b(f"{task}:{key}".encode(), digest_size=8, key=SPLIT_SALT).digest()
-    return int.from_bytes(digest, "little") % HELDOUT_MODULUS == 0
+from .open_tasks import OPEN_MAKERS, OPEN_SIZES, OPEN_TASKS, check_open
+from .problem import HELDOUT_MODULUS, LABELS, SPLIT_SALT, WORDS, Problem, key_is_heldout  # noqa: F401 (re-exported)
 
 
 def _digits(rng: random.Random, n: int) -> str:
@@ -76,9 +63,6 @@ def make_reverse(rng: random.Random, size: int) -> Problem:
 def make_spell(rng: random.Random, size: int) -> Problem:
     s = _digits(rng, size)
     return Problem("spell", s, f"Spell {s}", " ".join(WORDS[int(c)] for c in s))
-
-
-LABELS = "ABCDEFGHIJKLMNOP"  # item labels of the labelled tasks (uppercase: never a letter of a spelled word)
 
 
 def _labelled(digits: str) -> str:
@@ -253,12 +237,13 @@ MAKERS: dict[str, Callable[[random.Random, int], Problem]] = {
     "reverse_labeled": make_reverse_labeled, "spell_labeled": make_spell_labeled,
     "count_padded": make_count_padded, "add_labeled": make_add_labeled, "chain": make_chain,
     "cumsum_labeled": make_cumsum_labeled, "cumsum_working": make_cumsum_working,
+    **OPEN_MAKERS,
 }
 # Sizes chosen so every answer is 24-64 tokens with the long-answer tokenizer (tests check the bounds).
 DEFAULT_SIZES: dict[str, tuple[int, int]] = {"reverse": (24, 24), "spell": (7, 8), "count": (10, 12), "add": (4, 4),
                                              "reverse_labeled": (12, 16), "spell_labeled": (5, 7),
                                              "count_padded": (8, 10), "add_labeled": (3, 4), "chain": (9, 11),
-                                             "cumsum_labeled": (12, 16), "cumsum_working": (5, 8)}
+                                             "cumsum_labeled": (12, 16), "cumsum_working": (5, 8), **OPEN_SIZES}
 
 
 @dataclass(frozen=True)
@@ -307,7 +292,12 @@ class TaskSpec:
                 return p
 
 
-DEFAULT_TASKS = ("reverse_labeled", "spell_labeled", "count", "add")
+# The mix of the shipped long checkpoint (oled_hf/toy/long/checkpoint): its lm-eval tasks and parity
+# use these four; ``count`` and ``add`` stayed unsolved there (0% exact match), see the docstring.
+SHIPPED_TASKS = ("reverse_labeled", "spell_labeled", "count", "add")
+SHIPPED_MIX: tuple[TaskSpec, ...] = tuple(TaskSpec(name) for name in SHIPPED_TASKS)
+# The default mix for new models: the two solved one-answer tasks and the three with many right answers.
+DEFAULT_TASKS = ("reverse_labeled", "spell_labeled", *OPEN_TASKS)
 DEFAULT_MIX: tuple[TaskSpec, ...] = tuple(TaskSpec(name) for name in DEFAULT_TASKS)
 
 
@@ -392,3 +382,20 @@ def answer_for(question: str) -> str | None:
     if m := re.fullmatch(r"Add (\d+)\+(\d+)", q):
         return addition_working(int(m.group(1)), int(m.group(2)))
     return None
+
+
+def check(problem: Problem, answer: str) -> bool:
+    """Whether ``answer`` is right: the checker for a task with many answers, else exact match."""
+    if problem.task in OPEN_TASKS:
+        return check_open(problem.task, problem.question, answer)
+    return answer == problem.answer
+
+
+def check_answer(question: str, answer: str) -> bool | None:
+    """Whether ``answer`` answers ``question`` of any task (None if no task asks it): for demos."""
+    from .open_tasks import open_task_of
+
+    if task := open_task_of(question):
+        return check_open(task, question, answer)
+    expected = answer_for(question)
+    return None if expected is None else answer == expected

@@ -1,14 +1,19 @@
 """Train the long-answer toy (LLaDA2.0-mini's routing shape) with block diffusion on CPU.
 
-``python -m oled_hf.toy.long.train OUT [--task NAME[:WEIGHT[:LO-HI]] ...] [--steps N] [--seed S]``
+``python -m oled_hf.toy.long.train OUT [--preset long|deep] [--task NAME[:WEIGHT[:LO-HI]] ...] [--steps N]
+[--seed S] [--init PREVIOUS_CHECKPOINT]``
 
 The network is ``OledLLaDA2ForDiffusionLM`` with ``LONG_MODEL`` (256 experts of width 16, top-8,
 ``n_group=8``, ``topk_group=4``, one shared expert, layer 0 dense, QK-norm, partial RoPE), trained
 by the 3-digit toy's recipe (``oled_hf/toy/train.py``: each layer's experts trained as one stacked
 bank through the grouped executor, AdamW, cosine LR, LLaDA2's aux-loss-free expert-bias balancing,
-one thread for bitwise determinism) on the task mix given by ``--task`` (default: the four tasks of
-``tasks.py`` at equal weight). Noising is block diffusion with a clean prefix (``data.py``); each
-batch's block-causal mask uses a block length drawn from ``BLOCK_LENGTHS``.
+one thread for bitwise determinism) on the task mix given by ``--task`` (default: ``DEFAULT_TASKS``
+of ``tasks.py`` at equal weight: two labelled one-answer tasks and three with many right answers).
+``--preset deep`` is the same routing shape with 8 MoE layers (``DEEP_MODEL``). Training runs in
+resumable stages: ``--init`` continues a checkpoint (periodic ones too: every ``--eval-every`` steps
+the folder holds a loadable checkpoint), and the report's ``stages`` lists every stage's command.
+Noising is block diffusion with a clean prefix (``data.py``); each batch's block-causal mask uses a
+block length drawn from ``BLOCK_LENGTHS``.
 ``OUT/long_report.json`` records the command, the mix, the curve and the held-out figures.
 """
 
@@ -38,6 +43,7 @@ from ..train import (
 )
 from . import REPORT_NAME
 from .data import LongEncoding, NoisedBatch, noise_batch, required_canvas, sample_batch
+from .evaluate import evaluate  # imported up front: a run never picks up an evaluate.py edited while it trains
 from .tasks import DEFAULT_TASKS, TaskSpec, parse_mix
 from .tokenizer import build_long_tokenizer
 
@@ -47,6 +53,12 @@ LONG_MODEL = dict(
     num_experts=256, num_experts_per_tok=8, num_shared_experts=1, moe_intermediate_size=16, n_group=8,
     topk_group=4, routed_scaling_factor=2.5, max_position_embeddings=256,
 )
+# The deep preset: LLaDA2.0-mini's routing shape at depth, 8 MoE layers after the dense layer 0 (mini
+# has 19), so layer-adaptive allocation has layers to tell apart. Width as the shipped toy's (hidden
+# 128, experts of 16), the shape known to train on 2 CPU cores; 13.5M parameters, 54 MB in fp32.
+DEEP_CHANGES = dict(num_hidden_layers=9)
+DEEP_MODEL = {**LONG_MODEL, **DEEP_CHANGES}
+PRESETS = ("long", "deep")
 BLOCK_LENGTHS = (16, 32)
 GENERATION = dict(block_length=16, threshold=0.95, steps=16, max_new_tokens=96, do_sample=False, eos_early_stop=True)
 SHARD_SIZE = "8MB"
@@ -61,14 +73,23 @@ def block_diffusion_loss(logits: torch.Tensor, batch: NoisedBatch, start: int) -
 
 
 def _quick_eval(model, tokenizer, mix, n: int) -> dict:
-    from .evaluate import evaluate
-
     model.eval()
     r = evaluate(model, tokenizer, mix, n=n, block_length=GENERATION["block_length"],
                  threshold=GENERATION["threshold"], examples=0)
     model.train()
-    return {t["task"]: round(t["exact_match"], 3) for t in r["tasks"]} | {
+    out = {t["task"]: round(t["accuracy"], 3) for t in r["tasks"]} | {
         "iterations_per_block": round(r["overall"]["iterations_per_block"], 2)}
+    if "open" in r:
+        out["open_iterations_per_block"] = round(r["open"]["iterations_per_block"], 2)
+    return out
+
+
+def stage_commands(previous: dict | None, command: list[str]) -> list[list[str]]:
+    """Every stage's command, oldest first: the ``--init`` checkpoint's stages, then this one."""
+    if previous is None:
+        return [command]
+    earlier = previous.get("stages") or ([previous["command"]] if previous.get("command") else [])
+    return [*earlier, command]
 
 
 def scheduled_lr(step: int, steps: int, lr: float, warmup: int, elapsed: float, minutes: float | None) -> float:
@@ -114,23 +135,28 @@ def train_long(
     eval_every: int = 500,
     save: bool = True,
     model_overrides: dict | None = None,
+    preset: str = "long",
     init: str | os.PathLike | None = None,
     command: list[str] | None = None,
     log=print,
 ) -> dict:
-    """Train on ``mix``, evaluate held-out (``eval_n`` per task) and (``save``) write the checkpoint."""
+    """Train on ``mix``, evaluate held-out (``eval_n`` per task) and (``save``) write the checkpoint.
+
+    ``preset`` names the shape (``PRESETS``: ``long``, the shipped toy's; ``deep``, 8 MoE layers),
+    ``model_overrides`` changes fields of it; with ``init`` the shape is the checkpoint's and
+    training continues from its weights (a new stage: fresh warmup and cosine over ``steps``).
+    """
+    base = check_start(preset, init, model_overrides)  # refused before anything is written
     if threads:
         torch.set_num_threads(threads)
     out = Path(out_dir)
     tokenizer = build_long_tokenizer(out)
     enc = LongEncoding.from_tokenizer(tokenizer)
     canvas_length = canvas_length or required_canvas(enc, mix, max(block_lengths))
-    config = toy_config(tokenizer, **{**LONG_MODEL, **(model_overrides or {})})
+    config = toy_config(tokenizer, **{**base, **(model_overrides or {})})
     torch.manual_seed(seed)
     previous = None
     if init is not None:  # continue training a saved long-answer toy (a fresh warmup + cosine over ``steps``)
-        if model_overrides:
-            raise ValueError("--model overrides cannot be combined with --init (the shapes come from the checkpoint)")
         model = OledLLaDA2ForDiffusionLM.from_pretrained(init, dtype=torch.float32)
         config = model.config
         report_path = Path(init) / REPORT_NAME
@@ -178,7 +204,10 @@ def train_long(
                           **_quick_eval(model, tokenizer, mix, quick_eval_n)})
             log(f"quick held-out ({quick_eval_n}/task): {curve[-1]}")
             if save:  # an intermediate checkpoint to look at while training goes on (overwritten at the end)
-                _save(model, out, config, {"partial": True, "tasks": [str(t) for t in mix], "step": step + 1,
+                _save(model, out, config, {"partial": True, "command": command or [],
+                                           "stages": stage_commands(previous, command or []),
+                                           "tasks": [str(t) for t in mix], "step": step + 1,
+                                           "init": None if init is None else str(init), "previous": previous,
                                            "curve": curve})
     else:
         step = steps
@@ -187,6 +216,8 @@ def train_long(
     end_training(model)
     report: dict = {
         "command": command or [],
+        "stages": stage_commands(previous, command or []),
+        "preset": None if init is not None else preset,
         "tasks": [str(t) for t in mix],
         "seed": seed, "steps": step, "steps_requested": steps, "stopped_early_by_time_limit": stopped_early,
         "lr_schedule_over": f"{minutes} minutes" if time_schedule else f"{steps} steps",
@@ -203,8 +234,6 @@ def train_long(
     if save:
         _save(model, out, config, report)
     if eval_n:
-        from .evaluate import evaluate
-
         eval_start = time.perf_counter()
         report["heldout"] = [evaluate(model, tokenizer, mix, n=eval_n, block_length=b, threshold=thr)
                              for b, thr in ((16, 0.95), (32, 0.9))]
@@ -213,6 +242,23 @@ def train_long(
             (out / REPORT_NAME).write_text(json.dumps(report, indent=2) + "\n")
     report["trained_model"] = model
     return report
+
+
+def check_start(preset: str, init, model_overrides: dict | None) -> dict:
+    """The preset's fields, after refusing a combination that cannot start (named as on the command line)."""
+    base = preset_model(preset)
+    if init is not None and model_overrides:
+        raise ValueError("--model overrides cannot be combined with --init (the shapes come from the checkpoint)")
+    if init is not None and not (Path(init) / "config.json").is_file():
+        raise ValueError(f"--init {init}: no config.json there (expected a long-answer checkpoint folder)")
+    return base
+
+
+def preset_model(name: str) -> dict:
+    """The config fields of preset ``name`` (looked up at call time: tests patch ``LONG_MODEL``)."""
+    if name not in PRESETS:
+        raise ValueError(f"--preset {name!r}: expected one of {', '.join(PRESETS)}")
+    return {**LONG_MODEL, **DEEP_CHANGES} if name == "deep" else LONG_MODEL
 
 
 def parse_overrides(items: list[str]) -> dict:
@@ -248,17 +294,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads; 1 is bitwise reproducible")
     parser.add_argument("--init", default=None,
                         help="continue from this checkpoint (its shapes and weights; a new schedule over --steps)")
+    parser.add_argument("--preset", default="long", metavar="|".join(PRESETS),
+                        help="model shape: long (the shipped toy, 3 MoE layers) or deep (8 MoE layers)")
     parser.add_argument("--model", action="append", default=[], metavar="FIELD=VALUE",
                         help="override a LONG_MODEL config field (repeatable), e.g. --model hidden_size=192")
     args = parser.parse_args(argv)
     try:
         overrides = parse_overrides(args.model)
+        mix = parse_mix(args.task)
+        check_start(args.preset, args.init, overrides)
     except ValueError as e:
         parser.error(str(e))
-    report = train_long(args.out, parse_mix(args.task), seed=args.seed, steps=args.steps, minutes=args.minutes,
+    report = train_long(args.out, mix, seed=args.seed, steps=args.steps, minutes=args.minutes,
                         time_schedule=args.time_schedule,
                         batch_size=args.batch_size, lr=args.lr, eval_n=args.eval_n, eval_every=args.eval_every,
                         warmup=args.warmup, model_overrides=overrides, init=args.init,
+                        preset=args.preset,
                         threads=args.threads, command=["python", "-m", "oled_hf.toy.long.train", *sys.argv[1:]]
                         if argv is None else ["python", "-m", "oled_hf.toy.long.train", *argv],
                         log=lambda s: print(s, flush=True))
