@@ -1,6 +1,7 @@
 """The layout rules of docs/design.md, checked on the source: who may import whom."""
 
 import ast
+import glob
 import sys
 from pathlib import Path
 
@@ -92,12 +93,33 @@ def test_no_import_cycles():
             visit(node)
 
 
-def test_pyproject_lists_every_package():
+def _setuptools_config() -> dict:
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
-    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+
+
+def test_pyproject_lists_every_package():
+    setuptools = _setuptools_config()
     found = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "oled_hf").rglob("__init__.py")}
-    assert set(setuptools["packages"]) == found | {"oled_hf.modeling"}
-    assert setuptools["package-dir"] == {"oled_hf.modeling": "modeling"}
+    assert set(setuptools["packages"]) == found | {"oled_hf.modeling", "oled_hf.eval_tasks"}
+    assert setuptools["package-dir"] == {"oled_hf.modeling": "modeling", "oled_hf.eval_tasks": "eval/tasks"}
+    # data folders are package data, not packages: without this, setuptools warns "Package would be ignored"
+    assert setuptools["include-package-data"] is False
+
+
+def test_wheel_carries_every_task_file_where_the_tasks_module_looks():
+    """Every file of eval/tasks matches a package-data glob, under the name default_tasks_dir() imports."""
+    from oled_hf.evaluation.tasks import INSTALLED_FOLDER, INSTALLED_PACKAGE
+
+    setuptools = _setuptools_config()
+    name = f"{INSTALLED_PACKAGE}.{INSTALLED_FOLDER}"
+    assert setuptools["package-dir"][name] == "eval/tasks"
+    folder = REPO / "eval" / "tasks"
+    shipped = {path for pattern in setuptools["package-data"][name]
+               for path in glob.glob(pattern, root_dir=folder, recursive=True) if (folder / path).is_file()}
+    files = {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+    assert files - shipped == set()
+    assert "toy_addition/toy_addition.yaml" in shipped and "toy_addition/data/test.jsonl" in shipped
 
 
 def test_shipped_checkpoints_carry_the_current_code():

@@ -1,5 +1,9 @@
 """The repository's offline lm-eval tasks (``eval/tasks``): locating them, resolving their paths, toy data.
 
+The wheel carries ``eval/tasks`` as ``oled_hf/eval_tasks`` (package data), so ``oled-moe eval
+--tasks toy_addition`` works from an installed package as from a clone; :func:`default_tasks_dir`
+says which copy is used.
+
 lm-eval hands ``dataset_kwargs.data_files`` to ``datasets.load_dataset`` unchanged, and datasets
 resolves a relative path against the *working directory*, not the YAML. Our YAMLs therefore
 write data paths relative to the YAML file itself, and :func:`task_spec` loads such a YAML into a
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -26,21 +31,53 @@ TOY_DATA_SIZES = {"n_train": 200, "n_heldout": 500}
 _PLACEHOLDER = re.compile(r"\$\{(\w+)\}")
 
 
+# Where the wheel installs eval/tasks (pyproject.toml maps the package oled_hf.eval_tasks to it).
+INSTALLED_PACKAGE, INSTALLED_FOLDER = "oled_hf", "eval_tasks"
+
+
 def repo_root() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
+def installed_tasks_dir(package: str | None = None) -> Path | None:
+    """The copy of ``eval/tasks`` that an installed wheel carries, or None when this install has none.
+
+    Found through ``importlib.resources`` rather than ``__file__`` so that it is wherever the
+    package itself was imported from; only a folder on disk counts, since lm-eval and datasets
+    open the YAML and JSONL files by path.
+    """
+    try:
+        folder = resources.files(package or INSTALLED_PACKAGE) / INSTALLED_FOLDER
+    except ModuleNotFoundError:
+        return None
+    return Path(folder) if isinstance(folder, Path) and folder.is_dir() else None
+
+
+def tasks_dir_candidates() -> list[Path]:
+    """Where :func:`default_tasks_dir` looks, in order: the source tree first, so a clone uses its own edits."""
+    installed = installed_tasks_dir()
+    return [repo_root() / "eval" / "tasks", *([installed] if installed else []), Path.cwd() / "eval" / "tasks"]
+
+
 def default_tasks_dir() -> Path:
-    """``$OLED_EVAL_TASKS``, else ``eval/tasks`` of the source tree this package runs from, else of the cwd."""
+    """``$OLED_EVAL_TASKS``, else ``eval/tasks`` of the source tree, else the installed copy, else ``./eval/tasks``.
+
+    An ``OLED_EVAL_TASKS`` that is not a folder is an error, not a reason to quietly use another copy.
+    """
     env = os.environ.get("OLED_EVAL_TASKS")
-    candidates = [Path(env)] if env else []
-    candidates += [repo_root() / "eval" / "tasks", Path.cwd() / "eval" / "tasks"]
+    if env:
+        path = Path(env).expanduser()
+        if not path.is_dir():
+            raise FileNotFoundError(f"OLED_EVAL_TASKS={env}: no such folder (it must name a folder of task YAMLs "
+                                    "such as the repository's eval/tasks; unset it to use the installed tasks)")
+        return path.resolve()
+    candidates = tasks_dir_candidates()
     for path in candidates:
         if path.is_dir():
             return path.resolve()
     raise FileNotFoundError(
         "cannot find the eval/tasks folder (looked in: " + ", ".join(str(c) for c in candidates)
-        + "); run from a clone of the repository, set OLED_EVAL_TASKS, or pass --include-path"
+        + "); reinstall oled-hf, run from a clone of the repository, set OLED_EVAL_TASKS, or pass --include-path"
     )
 
 
