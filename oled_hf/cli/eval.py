@@ -1,7 +1,10 @@
 """``oled-moe eval``: lm-eval tasks on a LLaDA2 checkpoint (optionally offloaded), offline.
 
     oled-moe eval --model M --tasks toy_addition,toy_addition_mc [--model-args cache_size=20,policy=oled]
-                  [--limit N] [--batch-size B] [--output-path P]
+                  [--limit N] [--batch-size B] [--output-path P] [--device auto|cpu|cuda[:N]]
+
+lm-eval's spellings work too (--model_args pretrained=M,cache_size=20 --batch_size 4 --num_fewshot 0
+--include_path DIR ...; --model oled_llada2 is accepted and means the model given by pretrained=).
 
 The model is lm-eval's ``oled_llada2`` (``oled_hf.evaluation.lm_eval_adapter``); tasks come from the
 repository's ``eval/tasks`` (plus ``--include-path``) and from lm-eval itself. The hub is off
@@ -15,7 +18,11 @@ import json
 import time
 from pathlib import Path
 
-from .common import add_model_argument, resolve_model
+from .common import add_device_argument, add_model_argument, resolve_device, resolve_model
+
+# lm-eval's name for the model this command always runs; ``--model oled_llada2`` (lm-eval's spelling,
+# where --model is the model type) therefore means "the checkpoint given by pretrained=, or the default".
+LM_EVAL_MODEL = "oled_llada2"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,20 +31,28 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_argument(p)
     p.add_argument("--tasks", required=True, help="comma-separated task names (toy_addition, toy_addition_mc, "
                    "gsm8k_local, any lm-eval task)")
-    p.add_argument("--model-args", default="", help="k=v,... for the oled_llada2 model: offloading (cache_size | "
-                   "cache_ratio, policy, cpu_compute, ...), decoding (block_length, threshold, steps), likelihood "
-                   "(mc_num, mc_seed, mc_attention, mc_batch_size), dtype, device, max_length")
+    # Each option also takes lm-eval's own spelling (--model_args, --batch_size, ...), so a
+    # command line written for lm-eval works here unchanged.
+    p.add_argument("--model-args", "--model_args", default="", help="k=v,... for the oled_llada2 model: "
+                   "pretrained (the checkpoint, instead of --model), offloading (cache_size | cache_ratio, policy, "
+                   "cpu_compute, ...), decoding (block_length, threshold, steps), likelihood (mc_num, mc_seed, "
+                   "mc_attention, mc_batch_size), dtype, device, max_length")
     p.add_argument("--limit", type=float, default=None, help="examples per task, a fraction if < 1 (default: all)")
-    p.add_argument("--batch-size", type=int, default=1, help="prompts per generate call / requests per forward")
-    p.add_argument("--output-path", default=None,
+    p.add_argument("--batch-size", "--batch_size", type=int, default=1,
+                   help="prompts per generate call / requests per forward")
+    p.add_argument("--output-path", "--output_path", default=None,
                    help="write the results as JSON: a .json file, or a folder (default: print only)")
-    p.add_argument("--include-path", action="append", default=[], help="extra folder of task YAMLs (repeatable)")
-    p.add_argument("--num-fewshot", type=int, default=None, help="few-shot examples (default: the task's)")
-    p.add_argument("--gen-kwargs", default=None, help="k=v,... overriding the tasks' generation_kwargs (default: none)")
-    p.add_argument("--apply-chat-template", action="store_true",
+    p.add_argument("--include-path", "--include_path", action="append", default=[],
+                   help="extra folder of task YAMLs (repeatable)")
+    p.add_argument("--num-fewshot", "--num_fewshot", type=int, default=None,
+                   help="few-shot examples (default: the task's)")
+    p.add_argument("--gen-kwargs", "--gen_kwargs", default=None,
+                   help="k=v,... overriding the tasks' generation_kwargs (default: none)")
+    p.add_argument("--apply-chat-template", "--apply_chat_template", action="store_true",
                    help="wrap prompts in the model's chat template (stock tasks; the toy tasks embed it already)")
-    p.add_argument("--log-samples", action="store_true", help="keep per-example outputs in --output-path")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if available)")
+    p.add_argument("--log-samples", "--log_samples", action="store_true",
+                   help="keep per-example outputs in --output-path")
+    add_device_argument(p)
     p.add_argument("--seed", type=int, default=0, help="lm-eval's python/numpy/torch/few-shot seeds")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.set_defaults(func=run)
@@ -46,6 +61,55 @@ def register(sub: argparse._SubParsersAction) -> None:
 def default_model() -> Path:
     """The checkpoint ``eval`` uses without ``--model`` (``eval/parity.py`` shares it)."""
     return resolve_model(None)
+
+
+def checked_device(device: str, source: str | None = None) -> str:
+    """``device`` resolved (``auto``) and checked against this machine, or a ValueError naming it.
+
+    Why: the adapter quietly falls back to the CPU when CUDA is missing (lm-eval's own CLI asks for
+    cuda by default); a user who typed ``--device cuda`` must hear that instead of waiting for a
+    CPU run. (A device check shared by every subcommand belongs in ``cli/common.py``; until it is
+    there, this is eval's.)
+    """
+    import torch
+
+    source = source or f"--device {device}"  # how the user wrote it, for the error line
+    resolved = resolve_device(str(device))
+    allowed = "allowed: auto, cpu, cuda, cuda:N"
+    try:
+        dev = torch.device(resolved)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"{source}: not a device ({allowed})") from None
+    if dev.type == "cpu":
+        return resolved
+    if dev.type != "cuda":
+        raise ValueError(f"{source}: oled-moe eval runs on cpu or cuda ({allowed})")
+    if not torch.cuda.is_available():
+        raise ValueError(f"{source}: CUDA is not available on this machine (torch.cuda.is_available() "
+                         "is False); use --device cpu or --device auto")
+    count = torch.cuda.device_count()
+    if dev.index is not None and dev.index >= count:
+        raise ValueError(f"{source}: this machine has {count} CUDA device(s) (allowed: cuda:0 to "
+                         f"cuda:{count - 1})")
+    return resolved
+
+
+def evaluated_model(model: str | None, model_args: dict) -> Path:
+    """The one checkpoint this run evaluates: ``--model`` or ``pretrained=`` (not two different ones).
+
+    ``--model oled_llada2`` is lm-eval's spelling (there --model names the model type) and stands
+    for no folder; ``pretrained=`` then names it, as in lm-eval.
+    """
+    if model == LM_EVAL_MODEL and not Path(model).exists():
+        model = None
+    pretrained = model_args.get("pretrained")
+    if pretrained is None:
+        return resolve_model(model)
+    path = resolve_model(str(pretrained), flag="--model-args pretrained")
+    if model is not None and resolve_model(model).resolve() != path.resolve():
+        raise ValueError(f"--model {model} and --model-args pretrained={pretrained} name different checkpoints; "
+                         "give the checkpoint once")
+    return path
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,26 +124,32 @@ def run(args: argparse.Namespace) -> int:
     from ..evaluation.runner import evaluate, format_offload, make_lm, parse_model_args
     from ..evaluation.tasks import default_tasks_dir
 
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if not tasks:
+        raise ValueError("--tasks is empty")
+    model_args = parse_model_args(args.model_args)
+    model = evaluated_model(args.model, model_args)
+    model_args["pretrained"] = str(model)
+    if "device" in model_args:
+        model_args["device"] = checked_device(model_args["device"], f"--model-args device={model_args['device']}")
+    else:
+        model_args["device"] = checked_device(args.device)
+    include = [default_tasks_dir()] + [Path(p) for p in args.include_path]
+    limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
-    model = resolve_model(args.model)
-    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    if not tasks:
-        raise ValueError("--tasks is empty")
-    include = [default_tasks_dir()] + [Path(p) for p in args.include_path]
-    limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
-    model_args = parse_model_args(args.model_args)
     start = time.perf_counter()
-    lm = make_lm(str(model), model_args, batch_size=args.batch_size, device=args.device)
+    batch_size = model_args.setdefault("batch_size", args.batch_size)  # pretrained=...,batch_size=N wins, as in lm-eval
+    lm = make_lm(str(model), model_args)
     results = evaluate(lm, tasks, include_paths=include, limit=limit, num_fewshot=args.num_fewshot,
                        gen_kwargs=args.gen_kwargs, apply_chat_template=args.apply_chat_template,
                        log_samples=args.log_samples, seed=args.seed)
     elapsed = time.perf_counter() - start
     results["config"]["model_args"] = args.model_args
-    print(f"oled_llada2 ({model}), model_args: {args.model_args or '-'}, limit: {limit}, "
-          f"batch size: {args.batch_size}, {elapsed:.1f} s")
+    print(f"oled_llada2 ({model}), model_args: {args.model_args or '-'}, device: {model_args['device']}, "
+          f"limit: {limit}, batch size: {batch_size}, {elapsed:.1f} s")
     print(make_table(results))
     if results.get("groups"):
         print(make_table(results, "groups"))

@@ -16,12 +16,23 @@ from .common import HelpFormatter, add_debug_argument, run_command
 COMMAND_MODULES = [checkpoints, demo, chat, serve, trace, benchmark, eval_cmd, report]
 
 
+def version_text() -> str:
+    """``oled-moe X.Y.Z``: the version of the code running, from the one place pyproject.toml reads it too.
+
+    Not package metadata, which in a clone or an editable install is whatever was installed last.
+    """
+    from ..modeling.auto_map import CODE_VERSION
+
+    return f"oled-moe {CODE_VERSION}"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="oled-moe", description="Run LLaDA2 MoE diffusion LLMs with expert offloading.",
         formatter_class=HelpFormatter,
     )
     add_debug_argument(parser)
+    parser.add_argument("--version", action="version", version=version_text(), help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMAND_MODULES:
         module.register(sub)

@@ -90,3 +90,90 @@ def test_eval_cli_defaults_to_the_trained_toy(capsys, tmp_path):
     results = json.loads(out.read_text())["results"]
     assert results["toy_addition"]["exact_match,none"] >= 0.75
     assert results["toy_addition_mc"]["acc,none"] >= 0.75
+
+
+def _main(argv, capsys):
+    from oled_hf.cli.main import main
+
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_eval_takes_lm_eval_spellings_and_names_the_pretrained_checkpoint(tiny_path, tmp_path, capsys):
+    """lm-eval's --model_args/--batch_size/--num_fewshot/--include_path; the header names pretrained=, not the toy."""
+    out = tmp_path / "res.json"
+    code, printed, _ = _main(["eval", "--model", "oled_llada2", "--model_args", f"pretrained={tiny_path}",
+                              "--tasks", "toy_addition", "--limit", "2", "--batch_size", "2", "--num_fewshot", "0",
+                              "--include_path", str(tmp_path), "--output_path", str(out)], capsys)
+    assert code == 0
+    header = printed.splitlines()[0]
+    assert header.startswith(f"oled_llada2 ({tiny_path}), model_args: pretrained={tiny_path}, device: cpu,")
+    assert "batch size: 2," in header and str(TOY_CHECKPOINT) not in printed
+    saved = json.loads(out.read_text())
+    assert saved["n-samples"]["toy_addition"]["effective"] == 2
+
+
+def test_eval_refuses_two_different_checkpoints(tiny_path, tmp_path, capsys, monkeypatch):
+    from oled_hf.evaluation import runner
+
+    monkeypatch.setattr(runner, "make_lm", lambda *a, **k: pytest.fail("nothing may load"))
+    code, _, err = _main(["eval", "--model", str(TOY_CHECKPOINT), "--model-args", f"pretrained={tiny_path}",
+                          "--tasks", "toy_addition"], capsys)
+    assert code == 2
+    assert err == (f"oled-moe eval: error: --model {TOY_CHECKPOINT} and --model-args pretrained={tiny_path} name "
+                   "different checkpoints; give the checkpoint once\n")
+    code, _, err = _main(["eval", "--model-args", f"pretrained={tmp_path / 'nope'}", "--tasks", "toy_addition"],
+                         capsys)
+    assert code == 2 and err.startswith(f"oled-moe eval: error: --model-args pretrained {tmp_path / 'nope'}: "
+                                        "no such folder")
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--device", "cuda"], "--device cuda: CUDA is not available on this machine (torch.cuda.is_available() is "
+                           "False); use --device cpu or --device auto"),
+    (["--device", "cuda:1"], "--device cuda:1: CUDA is not available on this machine"),
+    (["--model-args", "device=cuda"], "--model-args device=cuda: CUDA is not available on this machine"),
+    (["--device", "gpu"], "--device gpu: not a device (allowed: auto, cpu, cuda, cuda:N)"),
+])
+def test_eval_device_without_cuda_is_one_line_exit_2(argv, message, tiny_path, capsys, monkeypatch):
+    import torch
+
+    from oled_hf.evaluation import runner
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(runner, "make_lm", lambda *a, **k: pytest.fail("nothing may load"))
+    code, out, err = _main(["eval", "--model", str(tiny_path), "--tasks", "toy_addition", *argv], capsys)
+    assert code == 2 and out == ""
+    assert err.startswith(f"oled-moe eval: error: {message}") and err.count("\n") == 1
+
+
+def test_tasks_folder_resolves_to_the_installed_copy_outside_a_clone(tmp_path, monkeypatch):
+    """A wheel ships eval/tasks as oled_hf/eval_tasks: found through importlib.resources when no clone is around."""
+    import shutil
+
+    from oled_hf.evaluation import tasks
+
+    site = tmp_path / "site"
+    package = site / "oled_hf_installed_copy"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    shutil.copytree(ROOT / "eval" / "tasks", package / tasks.INSTALLED_FOLDER)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setattr(tasks, "INSTALLED_PACKAGE", package.name)
+    monkeypatch.setattr(tasks, "repo_root", lambda: tmp_path / "not-a-clone")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("OLED_EVAL_TASKS", raising=False)
+    installed = (package / "eval_tasks").resolve()
+    assert tasks.installed_tasks_dir() == installed and tasks.default_tasks_dir() == installed
+    spec = task_spec("toy_addition", [tasks.default_tasks_dir()])
+    assert spec["dataset_kwargs"]["data_files"]["test"] == str(installed / "toy_addition" / "data" / "test.jsonl")
+    assert tasks.installed_tasks_dir("no_such_package_here") is None
+
+
+def test_tasks_folder_from_the_environment_must_exist(tmp_path, monkeypatch):
+    monkeypatch.setenv("OLED_EVAL_TASKS", str(tmp_path))
+    assert default_tasks_dir() == tmp_path.resolve()
+    monkeypatch.setenv("OLED_EVAL_TASKS", str(tmp_path / "nope"))
+    with pytest.raises(FileNotFoundError, match=r"OLED_EVAL_TASKS=.*nope: no such folder"):
+        default_tasks_dir()
