@@ -1,23 +1,45 @@
 """Forward time of one 32-token block: grouped vs per-expert-loop residency vs offloaded, round-robin.
 
-Loads the ``small`` preset (made on first use) fully resident twice (grouped experts and the
+Loads the ``small`` preset (random weights, made on first use in the user's cache folder shared with
+``make bench``: ``~/.cache/oled-hf/small`` or ``$XDG_CACHE_HOME/oled-hf/small``, never inside the
+repository; it is 387 MB) fully resident twice (grouped experts and the
 per-expert loop reference) and offloaded per ``--cache-size`` and ``--policy`` (CPU compute off),
 then times one block forward of each configuration in turn, ``--runs`` rounds, and prints the
 median and spread (max - min) per configuration, the median of the per-round ratios to grouped
 residency, and the offload runtime's policy + bookkeeping time as a share of the forward. Logits
 are checked bit-identical to grouped residency.
 
-    .venv/bin/python eval/experts_speed.py [--model checkpoints_out/small] [--runs 7] [--threads 1]
+    .venv/bin/python eval/experts_speed.py [--model DIR] [--runs 7] [--threads 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling script, also when loaded by path
+from bench_generate import cache_dir, load_small  # noqa: E402  (one cache folder and one maker for the preset)
+
+
+def default_model() -> Path:
+    """The small preset in the user's cache, the very checkpoint ``make bench`` (bench_generate.py) uses."""
+    return cache_dir() / "small"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", type=Path, default=None,
+                    help="checkpoint folder (default: ~/.cache/oled-hf/small, the small preset, made on first use)")
+    ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--cache-size", type=int, nargs="+", default=[26, 64], help="slots per MoE layer (64 = all)")
+    ap.add_argument("--policy", nargs="+", default=["oled", "lru"])
+    return ap
 
 
 def main() -> None:
@@ -25,20 +47,11 @@ def main() -> None:
     from oled_hf.modeling.experts import LOOP_EXECUTOR
 
     from oled_hf import OffloadConfig
-    from oled_hf.checkpoints.factory import make_checkpoint
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="checkpoints_out/small")
-    ap.add_argument("--runs", type=int, default=7)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--cache-size", type=int, nargs="+", default=[26, 64], help="slots per MoE layer (64 = all)")
-    ap.add_argument("--policy", nargs="+", default=["oled", "lru"])
-    args = ap.parse_args()
+    args = build_parser().parse_args()
     torch.set_num_threads(args.threads)
-    path = Path(args.model)
-    if not (path / "config.json").is_file():
-        make_checkpoint(path, preset="small", seed=0)
-    configs = {"resident, grouped": OledLLaDA2ForDiffusionLM.from_pretrained(path).eval()}
+    path = args.model or default_model()
+    configs = {"resident, grouped": load_small(path)}  # makes the preset there on first use
     loop = OledLLaDA2ForDiffusionLM.from_pretrained(path).eval()
     for block in loop.moe_blocks():
         block.experts_executor = LOOP_EXECUTOR
