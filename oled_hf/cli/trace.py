@@ -54,8 +54,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     q = tsub.add_parser("replay", help="replay a trace through policies, next to full residency and Belady")
     q.add_argument("trace")
     q.add_argument("--cache-size", type=int, nargs="+", required=True, help="expert slots per MoE layer")
-    q.add_argument("--policy", nargs="+", default=list(KNOWN_POLICIES), choices=KNOWN_POLICIES,
-                   help="retention policies to replay")
+    q.add_argument("--policy", nargs="+", default=None, choices=KNOWN_POLICIES,
+                   help="legacy policy names to replay, with --cpu-compute and --no-layer-adaptive (default: all, "
+                        "unless --system is given)")
+    q.add_argument("--system", nargs="+", default=None, metavar="SYSTEM",
+                   help="composed systems to replay: RETENTION[+PREFETCH][+DISPATCH][+ALLOCATION], e.g. "
+                        "lru+cpu+reuse+adaptive, or a preset (oled, mixtral-offloading, hybrimoe, ktransformers, "
+                        "tide, moe-infinity, promoe, lru-full, ...); see oled_hf/offload/system.py")
+    q.add_argument("--believed-cpu-scale", type=float, default=1.0, metavar="F",
+                   help="the dispatcher believes the CPU is F x as fast as it is (time is charged at the truth)")
+    q.add_argument("--believed-pcie-scale", type=float, default=1.0, metavar="F",
+                   help="the dispatcher believes the H2D bandwidth is F x what it is")
     q.add_argument("--no-layer-adaptive", action="store_true", help="keep every layer's share of the cache fixed")
     q.add_argument("--cpu-compute", choices=["auto", "on", "off"], default="auto",
                    help="simulated CPU compute of misses (the simulated machine has an accelerator: auto = on)")
@@ -89,7 +98,19 @@ def read_prompts(path: str) -> list[str]:
     return prompts
 
 
+def check_record_paths(prompts: str, out: str) -> None:
+    """Refuse, before any work, an --out that is a directory, lies in no directory, or is the prompts file."""
+    o = Path(out)
+    if o.is_dir():
+        raise ValueError(f"--out {out}: is a directory; name the trace file to write (e.g. {o / 'run.trace'})")
+    if not o.parent.is_dir():
+        raise ValueError(f"--out {out}: directory {o.parent} does not exist")
+    if Path(prompts).exists() and o.exists() and o.resolve() == Path(prompts).resolve():
+        raise ValueError(f"--out {out} is the --prompts file: recording would overwrite its input")
+
+
 def record(args: argparse.Namespace) -> int:
+    check_record_paths(args.prompts, args.out)
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -153,10 +174,20 @@ def synth(args: argparse.Namespace) -> int:
 
 def replay_cmd(args: argparse.Namespace) -> int:
     from ..offload.costmodel import CostModel
+    from ..offload.system import parse_system
     from ..sim.hardware import cost_model_from_args, planner_seconds
-    from ..sim.replay import compare, format_table
+    from ..sim.replay import compare, compare_systems, format_table
     from ..sim.trace import load_trace
 
+    for name in args.system or []:
+        parse_system(name)  # a bad system name: one line, before loading anything
+    if args.system and (args.policy or args.no_layer_adaptive or args.cpu_compute != "auto"):
+        raise ValueError("--system names every part: do not combine it with --policy, --cpu-compute or "
+                         "--no-layer-adaptive")
+    for flag, v in (("--believed-cpu-scale", args.believed_cpu_scale), ("--believed-pcie-scale",
+                                                                        args.believed_pcie_scale)):
+        if not v > 0:
+            raise ValueError(f"{flag} {v} is invalid: must be a number > 0 (believed / true)")
     trace = load_trace(args.trace)
     if args.cost_model == "recorded":
         if "cost_model" not in trace.header:
@@ -169,15 +200,24 @@ def replay_cmd(args: argparse.Namespace) -> int:
     too_big = [c for c in args.cache_size if not 1 <= c <= trace.num_experts]
     if too_big:
         raise ValueError(f"--cache-size {too_big[0]} is invalid: must be between 1 and num_experts={trace.num_experts}")
-    results = compare(trace, args.policy, args.cache_size, layer_adaptive=not args.no_layer_adaptive,
-                      cpu_compute=args.cpu_compute, cost_model=cost, planner_s=planner_seconds(args),
-                      warmup_sequences=args.warmup_sequences)
+    believed = cost.believed(args.believed_cpu_scale, args.believed_pcie_scale)
+    if args.system:
+        results = compare_systems(trace, args.system, args.cache_size, cost_model=cost,
+                                  planner_s=planner_seconds(args), warmup_sequences=args.warmup_sequences,
+                                  believed=believed)
+    else:
+        results = compare(trace, args.policy or list(KNOWN_POLICIES), args.cache_size,
+                          layer_adaptive=not args.no_layer_adaptive, cpu_compute=args.cpu_compute,
+                          cost_model=cost, planner_s=planner_seconds(args), warmup_sequences=args.warmup_sequences,
+                          believed=believed)
     if args.json:
         print(json.dumps([r.to_dict() for r in results], indent=2))
     else:
         print(f"trace {args.trace}: {trace.num_forwards} forwards, {trace.routing_entries} expert accesses, "
               f"{trace.num_layers} MoE layers x {trace.num_experts} experts; timed with "
               f"{cost.expert_bytes / 2**20:.2f} MiB experts, {cost.kernel} GPU kernel, planner "
-              f"{'measured' if args.planner_us is None else f'{args.planner_us:g} us/access'}")
+              f"{'measured' if args.planner_us is None else f'{args.planner_us:g} us/access'}"
+              + (f"; dispatcher believes CPU x{args.believed_cpu_scale:g}, PCIe x{args.believed_pcie_scale:g}"
+                 if believed is not cost else ""))
         print(format_table(results))
     return 0

@@ -35,6 +35,9 @@ def tpot_and_utilization(runs: list[Run], systems: Iterable[str], title: str, pa
             x, y = _series(runs, s, lambda r: r.result.u_slot)
             b.plot(x, y, marker="o", label=s)
     a.axhline(1.0, color="k", lw=0.8, ls="--")
+    bound = sorted({(r.pct, r.bound_ratio) for r in runs if r.bound_ratio})
+    if bound:
+        a.plot([p for p, _ in bound], [b for _, b in bound], color="k", lw=1.2, ls=":", label="physical bound")
     a.set(xlabel="cache size (% of expert bytes)", ylabel="TPOT / fused residency", title=title, yscale="log")
     b.set(xlabel="cache size (% of expert bytes)", ylabel="U_slot (hits per slot per access)", title="utilization")
     a.legend(fontsize=7)
@@ -45,15 +48,20 @@ def tpot_and_utilization(runs: list[Run], systems: Iterable[str], title: str, pa
 
 
 def gap_to_ideal(runs: list[Run], systems: Iterable[str], title: str, path: Path) -> Path:
-    """(b): hit rate / Belady MIN (demand/bypass bound) vs cache size."""
+    """(b): hit rate / Belady MIN (demand/bypass bound) and TPOT / the physical bound vs cache size."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
     for s in systems:
         x, y = _series([r for r in runs if r.bound_hit_rate], s, lambda r: r.result.hit_rate / r.bound_hit_rate)
         if x:
             ax.plot(x, y, marker="o", label=s)
+        x, y = _series([r for r in runs if r.bound_ratio], s, lambda r: r.x_bound)
+        if x:
+            bx.plot(x, y, marker="o", label=s)
     ax.axhline(1.0, color="k", lw=0.8, ls="--")
+    bx.axhline(1.0, color="k", lw=0.8, ls="--")
     ax.set(xlabel="cache size (%)", ylabel="hit rate / Belady MIN", title=title)
+    bx.set(xlabel="cache size (%)", ylabel="TPOT / physical bound", title="distance to the physical bound")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -387,6 +387,7 @@ def compare(
     planner_s: float | None = None,
     warmup_sequences: int = 0,
     bounds: bool = True,
+    believed: CostModel | None = None,
 ) -> list[ReplayResult]:
     """Replay every (policy, cache size) and attach the matching Belady bound.
 
@@ -408,9 +409,42 @@ def compare(
             if system_of_legacy(name).prefetch == "gate" and not trace.has_predictions:
                 continue
             r = replay(trace, name, size, layer_adaptive=layer_adaptive, cpu_compute=cpu_compute,
-                       cost_model=cost_model, planner_s=planner_s, warmup_sequences=warmup_sequences)
+                       cost_model=cost_model, planner_s=planner_s, warmup_sequences=warmup_sequences,
+                       believed=believed)
             if bound is not None:
                 r.bound_hit_rate, r.bound_name = bound.hit_rate, bound.name
+            results.append(r)
+    return results
+
+
+def compare_systems(
+    trace: Trace,
+    systems: list[str],
+    cache_sizes: list[int],
+    *,
+    cost_model: CostModel | None = None,
+    planner_s: float | None = None,
+    warmup_sequences: int = 0,
+    believed: CostModel | None = None,
+    bounds: bool = True,
+) -> list[ReplayResult]:
+    """:func:`compare` for composed systems (``--system`` strings); each row is labelled by its name."""
+    parsed = [(name, parse_system(name)) for name in systems]
+    results = []
+    for size in cache_sizes:
+        total = size * trace.num_layers
+        cache: dict[bool, Any] = {}
+        for name, system in parsed:
+            if system.prefetch in ("gate", "gate-capped") and not trace.has_predictions:
+                continue
+            r = replay(trace, name, size, system=system, cost_model=cost_model, planner_s=planner_s,
+                       warmup_sequences=warmup_sequences, believed=believed)
+            if bounds:
+                if system.layer_adaptive not in cache:
+                    cache[system.layer_adaptive] = belady_global(trace, total) if system.layer_adaptive else \
+                        belady_min(trace, uniform_capacities(total, trace.num_layers, trace.num_experts))
+                b = cache[system.layer_adaptive]
+                r.bound_hit_rate, r.bound_name = b.hit_rate, b.name
             results.append(r)
     return results
 

@@ -24,12 +24,18 @@ def test_report_writes_markdown_and_plots(tmp_path):
         t.save(str(path))
         paths.append(str(path))
     out = tmp_path / "rep"
-    assert main(["report", *paths, "--out", str(out), "--sizes", "25", "100", "--planner-us", "10"]) == 0
+    dev = tmp_path / "dev.trace"
+    synthetic_trace(num_layers=3, num_experts=16, top_k=2, block_length=8, num_blocks=2, seed=9).save(str(dev))
+    assert main(["report", *paths, "--dev", str(dev), "--out", str(out), "--sizes", "25", "100",
+                 "--planner-us", "10"]) == 0
     md = (out / "report.md").read_text()
     for heading in ("## Traces", "### Headline", "## (c) Ablation", "## (d) Block length", "## (e) Batch size",
-                    "## (f) PCIe", "## (g) Planner", "Belady MIN bounds demand/bypass caching only"):
+                    "## (f) PCIe", "## (g) Planner", "## (h) Mis-calibration", "3 MoE layers x 16 experts",
+                    "x bound", "physical bound", "strongest fair system"):
         assert heading in md, heading
-    for name in ("prefetch", "moe-infinity", "+cooperative compensation", "16 GB/s", "block=16", "batch=2"):
+    for name in ("mixtral-offloading", "ktransformers", "moe-infinity+cpu", "lru-full", "lfu-full",
+                 "+ confidence retention", "+ reuse-aware compensation", "16 GB/s", "block=16", "batch=2",
+                 "CPU x0.25", "PCIe x4", "interval=1: ", "| lru-full | lru | none | cpu+reuse | adaptive |"):
         assert name in md, name
     pngs = {p.name for p in out.glob("*.png")}
     assert {"a_tpot_util_syn-b8-bs1.png", "b_gap_syn-b8-bs1.png", "c_ablation.png", "g_overhead.png",
@@ -43,4 +49,58 @@ def test_targets_name_met_and_missed():
     runs = run_systems(t, "x", SYSTEMS, HEADLINE_PCT, CostModel.h200_pcie5(2048, 512, kernel="grouped"), 0.0,
                        bounds=False)
     lines = targets(runs)
-    assert len(lines) == 5 and all(("MET" in x) or ("MISSED" in x) for x in lines)
+    assert len(lines) == 3 and all(("MET" in x) or ("MISSED" in x) for x in lines)
+    assert all("strongest fair" in x for x in lines)
+
+
+def test_every_system_gets_the_same_tuning_budget():
+    from oled_hf.sim.report import TUNING_BUDGET, ReportSystem
+
+    assert all(1 <= len(s.grid) <= TUNING_BUDGET for s in SYSTEMS)
+    with pytest.raises(ValueError, match="searches 5 settings; the budget is 1..4"):
+        ReportSystem("x", "lru", "", [{}] * 5)
+
+
+def test_report_refuses_to_replace_an_existing_report(tmp_path, capsys):
+    from oled_hf.cli.main import main
+
+    t = synthetic_trace(num_layers=2, num_experts=8, top_k=2, block_length=8, num_blocks=1, seed=0)
+    path = tmp_path / "t.trace"
+    t.save(str(path))
+    out = tmp_path / "rep"
+    out.mkdir()
+    (out / "report.md").write_text("mine")
+    assert main(["report", str(path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "report.md exists; pass --overwrite to replace it" in err[0]
+    assert (out / "report.md").read_text() == "mine" and not list(out.glob("*.png"))  # nothing done
+
+
+def test_trace_record_refuses_bad_out_before_any_work(tmp_path, capsys, monkeypatch):
+    from oled_hf.cli import trace as trace_cli
+    from oled_hf.cli.main import main
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello\n")
+    monkeypatch.setattr(trace_cli, "resolve_model", lambda *a: (_ for _ in ()).throw(AssertionError("loaded")))
+    for out, msg in ((prompts, "is the --prompts file: recording would overwrite its input"),
+                     (tmp_path, "is a directory; name the trace file to write"),
+                     (tmp_path / "nope" / "t.trace", "does not exist")):
+        assert main(["trace", "record", "--model", "x", "--prompts", str(prompts), "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and msg in err[0], err
+    assert prompts.read_text() == "hello\n"
+
+
+def test_trace_replay_takes_systems_and_beliefs(tmp_path, capsys):
+    from oled_hf.cli.main import main
+
+    t = synthetic_trace(num_layers=2, num_experts=16, top_k=2, block_length=8, num_blocks=2, seed=1)
+    path = tmp_path / "t.trace"
+    t.save(str(path))
+    assert main(["trace", "replay", str(path), "--cache-size", "4", "--system", "lru+cpu+reuse+adaptive", "oled",
+                 "--believed-cpu-scale", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "lru+cpu+reuse+adaptive" in out and "dispatcher believes CPU x2" in out
+    assert main(["trace", "replay", str(path), "--cache-size", "4", "--system", "lru+warp"]) == 2
+    assert "unknown part 'warp'" in capsys.readouterr().err
