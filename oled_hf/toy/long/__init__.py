@@ -1,11 +1,13 @@
 """A second trained toy LLaDA2 MoE, shaped like LLaDA2.0-mini's routing, whose answers span many blocks.
 
-256 routed experts, top-8 over 8 groups keeping 4, one shared expert, layer 0 dense; four
-synthetic tasks (reverse and spell labelled digits, count, step-by-step addition) with 24-51-token
-answers, so a greedy decode at block 16 / threshold 0.95 runs several blocks of several iterations each: the
-routing traces retention policies are meant for. ``LONG_CHECKPOINT`` is the shipped checkpoint;
-``python -m oled_hf.toy.long.train OUT`` rebuilds it; ``python -m oled_hf.toy.long.evaluate``
-prints its figures.
+256 routed experts, top-8 over 8 groups keeping 4, one shared expert, layer 0 dense; the shipped
+checkpoint (``LONG_CHECKPOINT``, 3 MoE layers) was trained on four synthetic tasks
+(``tasks.SHIPPED_TASKS``: reverse and spell labelled digits, count, step-by-step addition) with
+24-51-token answers, so a greedy decode at block 16 / threshold 0.95 runs several blocks of several
+iterations each: the routing traces retention policies are meant for. New models (``train.py
+--preset deep``: 8 MoE layers) train on ``tasks.DEFAULT_TASKS``, which adds tasks with many right
+answers (``open_tasks.py``) so that decoding hesitates by choice. A checkpoint's report names its
+mix (:func:`load_mix`); ``python -m oled_hf.toy.long.evaluate [CHECKPOINT]`` prints its figures.
 """
 
 from __future__ import annotations
