@@ -61,13 +61,35 @@ def add_device_argument(p: argparse.ArgumentParser) -> None:
                    "(default: auto)")
 
 
-def resolve_device(device: str) -> str:
-    """``auto`` means the accelerator when there is one; anything else is passed through."""
-    if device != "auto":
-        return device
+def resolve_device(device: str, source: str | None = None) -> str:
+    """``device`` resolved (``auto``: the accelerator when there is one) and checked against this
+    machine, or a ValueError naming it.
+
+    Why here: every subcommand resolves its ``--device`` through this one function, so a
+    ``--device cuda`` on a machine without CUDA is the same one-line error everywhere, before a
+    model loads, instead of a traceback from deep inside ``from_pretrained`` (or a quiet CPU run).
+    """
     import torch
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    source = source or f"--device {device}"  # how the user wrote it, for the error line
+    resolved = "cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device
+    allowed = "allowed: auto, cpu, cuda, cuda:N"
+    try:
+        dev = torch.device(resolved)
+    except (RuntimeError, ValueError, TypeError):
+        raise ValueError(f"{source}: not a device ({allowed})") from None
+    if dev.type == "cpu":
+        return resolved
+    if dev.type != "cuda":
+        raise ValueError(f"{source}: oled-moe runs on cpu or cuda ({allowed})")
+    if not torch.cuda.is_available():
+        raise ValueError(f"{source}: CUDA is not available on this machine (torch.cuda.is_available() "
+                         "is False); use --device cpu or --device auto")
+    count = torch.cuda.device_count()
+    if dev.index is not None and dev.index >= count:
+        raise ValueError(f"{source}: this machine has {count} CUDA device(s) (allowed: cuda:0 to "
+                         f"cuda:{count - 1})")
+    return resolved
 
 
 def default_model_path() -> Path | None:

@@ -63,37 +63,6 @@ def default_model() -> Path:
     return resolve_model(None)
 
 
-def checked_device(device: str, source: str | None = None) -> str:
-    """``device`` resolved (``auto``) and checked against this machine, or a ValueError naming it.
-
-    Why: the adapter quietly falls back to the CPU when CUDA is missing (lm-eval's own CLI asks for
-    cuda by default); a user who typed ``--device cuda`` must hear that instead of waiting for a
-    CPU run. (A device check shared by every subcommand belongs in ``cli/common.py``; until it is
-    there, this is eval's.)
-    """
-    import torch
-
-    source = source or f"--device {device}"  # how the user wrote it, for the error line
-    resolved = resolve_device(str(device))
-    allowed = "allowed: auto, cpu, cuda, cuda:N"
-    try:
-        dev = torch.device(resolved)
-    except (RuntimeError, ValueError):
-        raise ValueError(f"{source}: not a device ({allowed})") from None
-    if dev.type == "cpu":
-        return resolved
-    if dev.type != "cuda":
-        raise ValueError(f"{source}: oled-moe eval runs on cpu or cuda ({allowed})")
-    if not torch.cuda.is_available():
-        raise ValueError(f"{source}: CUDA is not available on this machine (torch.cuda.is_available() "
-                         "is False); use --device cpu or --device auto")
-    count = torch.cuda.device_count()
-    if dev.index is not None and dev.index >= count:
-        raise ValueError(f"{source}: this machine has {count} CUDA device(s) (allowed: cuda:0 to "
-                         f"cuda:{count - 1})")
-    return resolved
-
-
 def evaluated_model(model: str | None, model_args: dict) -> Path:
     """The one checkpoint this run evaluates: ``--model`` or ``pretrained=`` (not two different ones).
 
@@ -131,9 +100,9 @@ def run(args: argparse.Namespace) -> int:
     model = evaluated_model(args.model, model_args)
     model_args["pretrained"] = str(model)
     if "device" in model_args:
-        model_args["device"] = checked_device(model_args["device"], f"--model-args device={model_args['device']}")
+        model_args["device"] = resolve_device(model_args["device"], f"--model-args device={model_args['device']}")
     else:
-        model_args["device"] = checked_device(args.device)
+        model_args["device"] = resolve_device(args.device)
     include = [default_tasks_dir()] + [Path(p) for p in args.include_path]
     limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
     if args.threads:
