@@ -1,13 +1,28 @@
-"""One model, one generation at a time: a worker thread fed by a bounded queue.
+"""One model, one ``generate`` at a time, with the requests that arrive together batched into it.
 
-The HTTP layer submits :class:`GenerationRequest` objects; the worker runs them in order and
-reports each through the request's ``emit`` callback (called on the worker thread):
-``("start",)`` once decoding begins, ``("delta", text)`` per completed block,
-then ``("done", finish_reason, usage)`` or ``("error", status, message)``. :meth:`Engine.cancel`
-(the client went away) takes a queued request out of the queue at once (its place is free for the
-next client), or aborts a running one after the current diffusion iteration, once every other
-observer has seen that iteration. A running request that passes ``request_timeout`` seconds of
-generation is aborted the same way and answered 504.
+The HTTP layer submits :class:`GenerationRequest` objects to a bounded queue; a worker thread
+takes the oldest, waits up to ``batch_wait_ms`` for others that can share its decoding (see
+:meth:`Engine.batch_key`), and decodes up to ``max_batch_size`` of them in ONE left-padded
+``generate`` call. Each request is reported through its own ``emit`` callback (called on the
+worker thread): ``("start",)`` once decoding begins, ``("delta", text)`` per completed block that
+added text, then ``("done", finish_reason, usage)`` or ``("error", status, message)``.
+
+Why batching is lossless: ``generate`` lays a batch on one block grid where every row sees exactly
+what it sees alone (``modeling/canvas.py``) and rows decode independently, so with greedy decoding
+each row's tokens are its single-request tokens. What ``generate`` takes per call must then agree
+within a batch: block length, threshold, sampling settings, and the commit schedule (whose step
+count depends on ``max_new_tokens`` when that is shorter than ``steps``); requests that differ go
+in separate batches. Per-request ``max_tokens`` and ``stop`` are applied here, per row, by the same
+rules ``generate`` uses (cut after the first EOS, at ``max_tokens``, or at the fewest tokens whose
+text holds a stop string); the call runs to the longest ``max_tokens`` and is stopped as soon as
+every row is answered. A sampled request with a ``seed`` runs alone, so its seed means what it
+means for a single call.
+
+``generate``'s streamer takes one row only, so rows are streamed by an iteration observer
+(:class:`_BatchObserver`) that reads every row's tokens from ``on_block_end``. A row whose client
+leaves (:meth:`Engine.cancel`), or that runs past ``request_timeout``, is answered 499/504 and
+dropped at the next diffusion iteration while the others decode on; ``generate`` itself is stopped
+only once no row is left. A queued request that is cancelled gives up its place at once.
 """
 
 from __future__ import annotations
@@ -18,7 +33,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -29,24 +44,28 @@ from .streaming import BlockTextStreamer, LockedTokenizer
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_MAX_BATCH_SIZE = 8
+DEFAULT_BATCH_WAIT_MS = 5.0
+
 
 class QueueFull(Exception):
     """The bounded queue holds ``max_queue`` waiting requests already."""
 
 
 class GenerationAborted(Exception):
-    """Raised inside ``generate`` to stop a request whose client has gone."""
+    """Raised inside ``generate`` to stop a batch none of whose rows is still wanted."""
 
 
 class GenerationTimedOut(Exception):
-    """Raised inside ``generate`` when a request has run longer than the engine's ``request_timeout``."""
+    """Kept for callers that catch it; a row past ``request_timeout`` is now answered 504 and dropped."""
 
 
 class _JobQueue:
     """A bounded FIFO from which a waiting request can also be removed (its client left).
 
     ``queue.Queue`` cannot drop an item from the middle, so a cancelled request would hold its
-    place, and make new clients get 429, until the worker reached it.
+    place, and make new clients get 429, until the worker reached it. :meth:`take` lets the
+    worker pick the requests that can join a batch out of order, leaving the others queued.
     """
 
     def __init__(self, maxsize: int):
@@ -73,6 +92,28 @@ class _JobQueue:
             while not self._items:
                 self._ready.wait()
             return self._items.popleft()
+
+    def take(self, accept: Callable[[object, list], bool], limit: int, wait_s: float) -> list:
+        """Remove (in FIFO order) up to ``limit`` items that ``accept(item, taken)`` takes, waiting up to
+        ``wait_s`` for more to arrive.
+
+        Returns early once ``limit`` items are taken or the stop sentinel is queued. ``accept`` is
+        called under the queue's lock, in queue order, with what has been taken so far.
+        """
+        taken: list = []
+        deadline = time.monotonic() + wait_s
+        with self._ready:
+            while True:
+                for item in list(self._items):
+                    if len(taken) >= limit or item is None:
+                        break
+                    if accept(item, taken):
+                        self._items.remove(item)
+                        taken.append(item)
+                remaining = deadline - time.monotonic()
+                if len(taken) >= limit or remaining <= 0 or None in self._items:
+                    return taken
+                self._ready.wait(remaining)
 
     def remove(self, item) -> bool:
         with self._ready:
@@ -104,33 +145,13 @@ class GenerationRequest:
     block_length: int | None = None
     threshold: float | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
+    key: tuple | None = None  # set by Engine.submit: requests with equal keys may share a generate
 
 
-class _Abort(IterationObserver):
-    """Stops ``generate`` between diffusion iterations: the client left, or the time limit passed.
-
-    It is the last observer, so every other one (retention policy, stats) has seen the iteration
-    it stops after; a prefill forward is never interrupted.
-    """
-
-    def __init__(self, cancelled: threading.Event, deadline: float | None):
-        self.cancelled, self.deadline = cancelled, deadline
-
-    def _check(self) -> None:
-        if self.cancelled.is_set():
-            raise GenerationAborted
-        if self.deadline is not None and time.monotonic() > self.deadline:
-            raise GenerationTimedOut
-
-    def on_iteration(self, event) -> None:
-        self._check()
-
-    def on_block_end(self, block_index: int, token_ids: torch.Tensor) -> None:
-        self._check()
-
-
-def load_model(path: str, device: str = "auto", cache_size: int | None = None, policy: str | None = None):
-    """Load model and tokenizer once. ``offload_config`` is passed only when ``cache_size`` is given."""
+def load_model(path: str, device: str = "auto", cache_size: int | None = None, policy: str | None = None,
+               cache_ratio: float | None = None, dtype: str | None = None):
+    """Load model and tokenizer once. ``offload_config`` is passed only when ``cache_size`` or
+    ``cache_ratio`` is given; ``dtype`` (``float32``, ``bfloat16``...) is Transformers' load dtype."""
     from transformers import AutoModelForCausalLM
 
     import oled_hf  # noqa: F401  (registers the Auto classes)
@@ -140,12 +161,19 @@ def load_model(path: str, device: str = "auto", cache_size: int | None = None, p
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     kwargs = {}
-    if cache_size is not None:
+    if cache_size is not None and cache_ratio is not None:
+        raise ValueError("--cache-size and --cache-ratio both given: pass one (slots per MoE layer, or the "
+                         "fraction of expert bytes kept on the device)")
+    if cache_size is not None or cache_ratio is not None:
         from ..offload.config import OffloadConfig
 
-        kwargs["offload_config"] = OffloadConfig(cache_size=cache_size, **({"policy": policy} if policy else {}))
+        budget = {"cache_size": cache_size} if cache_size is not None else {"cache_ratio": cache_ratio}
+        kwargs["offload_config"] = OffloadConfig(**budget, **({"policy": policy} if policy else {}))
     elif policy is not None:
-        raise ValueError("--policy needs --cache-size (the policy decides what the expert cache keeps)")
+        raise ValueError("--policy needs --cache-size or --cache-ratio (the policy decides what the expert "
+                         "cache keeps)")
+    if dtype is not None:
+        kwargs["dtype"] = dtype
     if device != "cpu":
         kwargs["device_map"] = device
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
@@ -172,24 +200,165 @@ def _max_token_chars(tokenizer) -> int:
         return 1 << 20  # unknown: the bound never refuses anything
 
 
+def stop_cut(tokenizer, tokens: Sequence[int], stops: Sequence[str]) -> int | None:
+    """The fewest leading tokens whose text (special tokens kept) holds a stop string, else None.
+
+    ``generate``'s own rule for ``stop_strings`` (checked after each block), applied here per row
+    so that rows with different ``stop`` lists can share a batch and still end where they end alone.
+    """
+    if not stops or not any(s in tokenizer.decode(list(tokens), skip_special_tokens=False) for s in stops):
+        return None
+    for k in range(1, len(tokens) + 1):
+        if any(s in tokenizer.decode(list(tokens[:k]), skip_special_tokens=False) for s in stops):
+            return k
+    return None
+
+
+class _Row:
+    """One request's progress inside a batched ``generate``: its tokens, its text, whether it is answered."""
+
+    def __init__(self, request: GenerationRequest, tokenizer, deadline: float | None):
+        self.request, self.deadline = request, deadline
+        self.prompt_len = int(request.input_ids.shape[1])
+        self.tokens: list[int] = []
+        self.offset: int | None = None  # the row's first generated column within the first decoded block
+        self.started = self.answered = self.closed = self.broken = False
+        self.streamer = BlockTextStreamer(tokenizer, lambda text: self.emit(("delta", text)), request.stop,
+                                          on_start=lambda: self.emit(("start",)))
+
+    @property
+    def open(self) -> bool:
+        """Still decoding for a client: not answered, not dropped."""
+        return not (self.answered or self.closed)
+
+    def emit(self, event: tuple) -> None:
+        """Hand an event to the client; a callback that fails drops this row, never the batch."""
+        if self.closed or self.broken:
+            return
+        try:
+            self.request.emit(event)
+        except Exception:  # the client's side is broken: treat it as gone (dropped at the next check)
+            logger.exception("a request's emit callback failed; its row is dropped")
+            self.request.cancelled.set()
+            self.broken = True
+
+    def start(self) -> None:
+        if not self.started:
+            self.started = True
+            self.streamer.put(self.request.input_ids)  # the streamer's first put is the prompt
+
+    def extend(self, block_tokens: list[int], eos_ids: set[int]) -> None:
+        """Add one completed block's tokens with ``generate``'s cuts: after the first EOS, at ``max_tokens``,
+        at a stop string; stream what was added."""
+        room = self.request.max_tokens - len(self.tokens)
+        new: list[int] = []
+        for token in block_tokens[:room]:
+            new.append(token)
+            if token in eos_ids:
+                break
+        tokens = self.tokens + new
+        ended = bool(new) and new[-1] in eos_ids
+        if not ended and self.request.stop:
+            k = stop_cut(self.streamer.tokenizer, tokens, self.request.stop)
+            if k is not None:
+                tokens, ended = tokens[:k], True
+        added = tokens[len(self.tokens):]
+        self.tokens = tokens
+        if added:
+            self.streamer.put(torch.tensor(added, dtype=torch.long))
+        if ended or len(self.tokens) >= self.request.max_tokens:
+            self.answered = True
+
+    def finish_reason(self, eos_ids: set[int]) -> str:
+        """``generate``'s finish rule: a stop string, an EOS or fewer tokens than asked is ``stop``."""
+        new = self.tokens
+        if self.streamer.stop_hit or (new and new[-1] in eos_ids) or len(new) < self.request.max_tokens:
+            return "stop"
+        return "length"
+
+
+class _BatchObserver(IterationObserver):
+    """Streams every row of a batched ``generate`` and drops rows whose client left or whose time is up.
+
+    It is the last observer, so every other one (retention policy, stats) has seen an iteration
+    before it may stop the call; a prefill forward is never interrupted. It raises
+    :class:`GenerationAborted` once no row is open: every answer is complete (rows with a shorter
+    ``max_tokens`` or their own stop strings would otherwise decode on) or every client is gone.
+    """
+
+    def __init__(self, engine: Engine, rows: list[_Row], eos_ids: set[int]):
+        self.engine, self.rows, self.eos_ids = engine, rows, eos_ids
+        self.first_block: int | None = None
+
+    def _begin(self) -> None:
+        for row in self.rows:
+            row.start()
+
+    def on_forward(self, kind: str, block_index: int, iteration: int) -> None:
+        self._begin()  # decoding has begun: generate validated its arguments
+
+    def on_block_start(self, block_index: int, token_ids: torch.Tensor) -> None:
+        self._begin()
+        if self.first_block is None:  # the prompt holds no mask token (refused), so a row's first mask starts it
+            self.first_block = block_index
+            for row, tokens in zip(self.rows, token_ids):
+                masks = torch.nonzero(tokens == self.engine.mask_token_id).flatten()
+                row.offset = int(masks[0]) if len(masks) else len(tokens)
+        self._check()
+
+    def on_iteration(self, event) -> None:
+        self._check()
+
+    def on_block_end(self, block_index: int, token_ids: torch.Tensor) -> None:
+        for row, tokens in zip(self.rows, token_ids.tolist()):
+            if row.open:
+                row.extend(tokens[row.offset if block_index == self.first_block else 0:], self.eos_ids)
+                if row.broken:
+                    self.engine._drop(row, "aborted", 499, "the client's callback failed")
+                elif row.answered:
+                    self.engine._answer(row, self.eos_ids)
+        self._check()
+
+    def _check(self) -> None:
+        now = time.monotonic()
+        for row in self.rows:
+            if row.open and row.request.cancelled.is_set():
+                self.engine._drop(row, "aborted", 499, "the client closed the request")
+            elif row.open and row.deadline is not None and now > row.deadline:
+                self.engine._drop(row, "timed_out", 504, f"the generation ran past the server's limit of "
+                                  f"{self.engine.request_timeout:g} s per request (--request-timeout); ask for fewer "
+                                  "max_tokens")
+        if not any(row.open for row in self.rows):
+            raise GenerationAborted
+
+
 class Engine:
-    """Owns the model and tokenizer; runs queued generations one by one on a worker thread."""
+    """Owns the model and tokenizer; runs queued generations, batched, on a worker thread."""
 
     def __init__(self, model, tokenizer, *, max_queue: int = 16, default_max_tokens: int = 256,
                  block_length: int | None = None, threshold: float | None = None, metrics: Metrics | None = None,
-                 request_timeout: float | None = None):
+                 request_timeout: float | None = None, max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+                 batch_wait_ms: float = DEFAULT_BATCH_WAIT_MS, max_model_len: int | None = None):
         if max_queue < 1:
             raise ValueError(f"max_queue={max_queue} is invalid: must be at least 1")
         if request_timeout is not None and not request_timeout > 0:
             raise ValueError(f"request_timeout={request_timeout} is invalid: must be more than 0 seconds (or None)")
         if default_max_tokens < 1:
             raise ValueError(f"default_max_tokens={default_max_tokens} is invalid: must be at least 1")
+        problem = batching_problem(max_batch_size, batch_wait_ms)
+        if problem:
+            raise ValueError(problem)
         self.model, self.tokenizer = model, LockedTokenizer(tokenizer)
         self.max_queue, self.default_max_tokens = max_queue, default_max_tokens
+        self.max_batch_size, self.batch_wait_ms = int(max_batch_size), float(batch_wait_ms)
         gen = getattr(model, "generation_config", None)
         self.block_length = block_length or getattr(gen, "block_length", None) or 32
         self.threshold = threshold
-        self.context_length = int(getattr(model.config, "max_position_embeddings", 4096))
+        self.model_context = int(getattr(model.config, "max_position_embeddings", 4096))
+        problem = max_model_len_problem(max_model_len, self.model_context)
+        if problem:
+            raise ValueError(problem)
+        self.context_length = self.model_context if max_model_len is None else int(max_model_len)
         eos = getattr(gen, "eos_token_id", None)
         eos = model.config.eos_token_id if eos is None else eos
         self.eos_ids = {eos} if isinstance(eos, int) else set(eos or [])
@@ -200,7 +369,7 @@ class Engine:
         self._max_token_chars = _max_token_chars(tokenizer)
         self._queue = _JobQueue(max_queue)
         self._thread: threading.Thread | None = None
-        self._current: GenerationRequest | None = None
+        self._current: list[_Row] = []
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -214,8 +383,8 @@ class Engine:
             if pending is not None:
                 pending.cancelled.set()
                 pending.emit(("error", 503, "the server is shutting down"))
-        if self._current is not None:
-            self._current.cancelled.set()
+        for row in list(self._current):
+            row.request.cancelled.set()
         if self._thread is not None and self._thread.is_alive():
             self._queue.put_sentinel()
             self._thread.join(timeout)
@@ -231,7 +400,8 @@ class Engine:
 
     @property
     def running(self) -> int:
-        return int(self._current is not None)
+        """Requests being decoded now (the rows of the current batch still open)."""
+        return sum(row.open for row in list(self._current))
 
     # ---- encoding (on the caller's thread) --------------------------------------------------
     def min_tokens(self, chars: int) -> int:
@@ -279,24 +449,68 @@ class Engine:
     def submit(self, request: GenerationRequest) -> None:
         """Queue a request, or raise :class:`QueueFull` at once; ``ValueError`` for parameters ``generate`` refuses."""
         self.check(request)
+        request.key = self.batch_key(request)
         if not self._queue.put_nowait(request):
             self.metrics.count_rejected()
             raise QueueFull(f"the server is busy: {self.max_queue} requests are already waiting")
 
     def cancel(self, request: GenerationRequest) -> None:
-        """The client has gone: free its queue place now, or stop its generation after this iteration."""
+        """The client has gone: free its queue place now, or drop its row after this iteration."""
         request.cancelled.set()
         if self._queue.remove(request):
             self.metrics.record_generation("aborted", 0, 0, 0.0)
 
     def check(self, request: GenerationRequest) -> None:
         """Run generate's own parameter validation now, so that a bad request never waits in the queue."""
-        try:
-            from ..modeling.params import resolve_params
-        except ImportError:  # a model-agnostic engine: generate will validate
+        prompt_len = int(request.input_ids.shape[1])
+        if prompt_len > self.context_length:
+            raise ValueError(f"the prompt has {prompt_len} tokens, more than this server's limit of "
+                             f"{self.context_length} tokens (--max-model-len)")
+        if request.seed is not None:
+            try:
+                torch.Generator().manual_seed(request.seed)
+            except (RuntimeError, ValueError, OverflowError) as err:
+                raise ValueError(f"seed={request.seed} is refused by torch.Generator.manual_seed: {err}") from None
+        resolve = _resolver()
+        if resolve is None:  # a model-agnostic engine: generate will validate
             return
-        resolve_params(self.model.config, getattr(self.model, "generation_config", None),
-                       int(request.input_ids.shape[1]), self._generate_kwargs(request))
+        resolve(self.model.config, getattr(self.model, "generation_config", None), prompt_len,
+                self._generate_kwargs(request))
+
+    def batch_key(self, request: GenerationRequest) -> tuple:
+        """What must be equal for two requests to share one ``generate`` without changing either's answer.
+
+        Everything ``generate`` takes per call except ``max_new_tokens`` and ``stop_strings`` (applied
+        per row), plus the commit schedule's step count, which ``max_new_tokens`` shortens below
+        ``steps``. A sampled request with a seed is alone with its key: its random draws are its own.
+        """
+        kwargs = self._generate_kwargs(request)
+        shared = tuple(sorted((k, v) for k, v in kwargs.items() if k not in ("max_new_tokens", "stop_strings")))
+        resolve = _resolver()
+        if resolve is None:
+            schedule = ("max_new_tokens", request.max_tokens)
+        else:
+            p = resolve(self.model.config, getattr(self.model, "generation_config", None), None, dict(kwargs))
+            schedule = ("steps", min(p.steps, max(1, p.max_new_tokens // p.minimal_topk)))
+        alone = id(request) if kwargs.get("do_sample") and request.seed is not None else None
+        return shared, schedule, alone
+
+    def _joins(self, batch: list[GenerationRequest], request: GenerationRequest) -> bool:
+        """Whether ``request`` may join ``batch``: same key, not cancelled, and the batch's canvas fits the model."""
+        if request.cancelled.is_set() or request.key != batch[0].key:
+            return False
+        resolve = _resolver()
+        if resolve is None:
+            return True
+        group = [*batch, request]
+        kwargs = {**self._generate_kwargs(batch[0]), "max_new_tokens": max(r.max_tokens for r in group)}
+        kwargs.pop("stop_strings", None)
+        try:
+            resolve(self.model.config, getattr(self.model, "generation_config", None),
+                    max(int(r.input_ids.shape[1]) for r in group), kwargs)
+        except ValueError:  # the longest prompt plus the longest answer would not fit the context
+            return False
+        return True
 
     def _generate_kwargs(self, request: GenerationRequest) -> dict:
         kwargs = dict(max_new_tokens=request.max_tokens, block_length=request.block_length or self.block_length,
@@ -315,57 +529,132 @@ class Engine:
     # ---- the worker ------------------------------------------------------------------------
     def _work(self) -> None:
         while True:
-            request = self._queue.get()
-            if request is None:
+            first = self._queue.get()
+            if first is None:
                 return
-            if request.cancelled.is_set():
+            if first.cancelled.is_set():
                 self.metrics.record_generation("aborted", 0, 0, 0.0)
                 continue
-            self._current = request
-            try:
-                self._run(request)
-            except Exception as err:  # whatever one request does, the worker must live on for the next
-                logger.exception("request failed outside generate")
+            batch = [first]
+            if self.max_batch_size > 1:
+                batch += self._queue.take(lambda item, taken, head=first: self._joins([head, *taken], item),
+                                          self.max_batch_size - 1, self.batch_wait_ms / 1000)
+            self.run_batch(batch)
+
+    def run_batch(self, batch: list[GenerationRequest]) -> None:
+        """Decode ``batch`` in one ``generate``; whatever happens, every request gets its final event."""
+        try:
+            self._run(batch)
+        except Exception as err:  # whatever one batch does, the worker must live on for the next
+            logger.exception("a batch failed outside generate")
+            for request in batch:
                 with contextlib.suppress(Exception):
                     request.emit(("error", 500, f"generation failed: {type(err).__name__}: {err}"))
-            finally:
-                self._current = None
-
-    def _run(self, request: GenerationRequest) -> None:
-        prompt_len = int(request.input_ids.shape[1])
-        streamer = BlockTextStreamer(self.tokenizer, lambda text: request.emit(("delta", text)), request.stop,
-                                     on_start=lambda: request.emit(("start",)))
-        device = getattr(self.model, "device", torch.device("cpu"))
-        started = time.perf_counter()
-        outcome, completion = "failed", 0
-        deadline = None if self.request_timeout is None else time.monotonic() + self.request_timeout
-        try:
-            generator = torch.Generator().manual_seed(request.seed) if request.seed is not None else None
-            out = self.model.generate(
-                input_ids=request.input_ids.to(device), attention_mask=torch.ones_like(request.input_ids).to(device),
-                streamer=streamer, observers=[_Abort(request.cancelled, deadline)], generator=generator,
-                tokenizer=self.tokenizer if request.stop else None, **self._generate_kwargs(request))
-        except GenerationAborted:
-            outcome, completion = "aborted", len(streamer.token_ids)
-            request.emit(("error", 499, "the client closed the request"))
-        except GenerationTimedOut:
-            outcome, completion = "timed_out", len(streamer.token_ids)
-            request.emit(("error", 504, f"the generation ran past the server's limit of {self.request_timeout:g} s "
-                                        "per request (--request-timeout); ask for fewer max_tokens"))
-        except ValueError as err:
-            request.emit(("error", 400, str(err)))
-        except Exception as err:  # keep serving: one bad generation must not kill the worker
-            logger.exception("generation failed")
-            request.emit(("error", 500, f"generation failed: {type(err).__name__}: {err}"))
-        else:
-            new = out.sequences[0, prompt_len:].tolist()
-            completion, outcome = len(new), "completed"
-            if streamer.stop_hit or (new and new[-1] in self.eos_ids) or len(new) < request.max_tokens:
-                finish = "stop"
-            else:
-                finish = "length"
-            usage = {"prompt_tokens": prompt_len, "completion_tokens": completion,
-                     "total_tokens": prompt_len + completion}
-            request.emit(("done", finish, usage))
         finally:
-            self.metrics.record_generation(outcome, prompt_len, completion, time.perf_counter() - started)
+            self._current = []
+
+    def _run(self, batch: list[GenerationRequest]) -> None:
+        now = time.monotonic()
+        deadline = None if self.request_timeout is None else now + self.request_timeout
+        rows = [_Row(request, self.tokenizer, deadline) for request in batch]
+        self._current = rows
+        self._started = time.perf_counter()
+        eos_ids = set(self.eos_ids)
+        observer = _BatchObserver(self, rows, eos_ids)
+        try:
+            self._generate(batch, observer)
+        except GenerationAborted:
+            pass  # every row is answered or dropped
+        except Exception as err:
+            if len(batch) > 1 and not any(row.started for row in rows):
+                # refused before decoding began: run each alone, so one request's problem is its own
+                logger.info("a batch of %d was refused before decoding (%s); running its requests one by one",
+                            len(batch), err)
+                self._current = []
+                for request in batch:
+                    self.run_batch([request])
+                return
+            status = 400 if isinstance(err, ValueError) else 500
+            if status == 500:
+                logger.exception("generation failed")
+            message = str(err) if status == 400 else f"generation failed: {type(err).__name__}: {err}"
+            for row in rows:
+                if row.open:
+                    self._drop(row, "failed", status, message)
+            return
+        for row in rows:  # generate ended by itself: what is still open is complete
+            if row.open:
+                row.start()
+                self._answer(row, eos_ids)
+
+    def _generate(self, batch: list[GenerationRequest], observer: _BatchObserver):
+        """One left-padded ``generate`` over the batch, streamed and cut per row by ``observer``."""
+        kwargs = self._generate_kwargs(batch[0])
+        kwargs["max_new_tokens"] = max(r.max_tokens for r in batch)
+        stops = [list(r.stop) for r in batch]
+        kwargs.pop("stop_strings", None)
+        if stops[0] and all(s == stops[0] for s in stops):  # shared: generate stops each row there itself
+            kwargs["stop_strings"] = stops[0]
+        prompts = [r.input_ids[0] for r in batch]
+        width = max(len(p) for p in prompts)
+        pad = getattr(self.model.config, "pad_token_id", None)
+        pad = 0 if pad is None else int(pad)
+        input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            input_ids[i, width - len(p):] = p
+            attention_mask[i, width - len(p):] = 1
+        seed = batch[0].seed if len(batch) == 1 else None  # a seeded sampled request is always alone
+        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        device = getattr(self.model, "device", torch.device("cpu"))
+        self.metrics.record_batch(len(batch))
+        return self.model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                                   observers=[observer], generator=generator,
+                                   tokenizer=self.tokenizer if kwargs.get("stop_strings") else None, **kwargs)
+
+    def _answer(self, row: _Row, eos_ids: set[int]) -> None:
+        """The row's answer is complete: flush its text and send ``done`` now, while other rows decode on."""
+        row.answered = True
+        row.streamer.end()
+        completion = len(row.tokens)
+        usage = {"prompt_tokens": row.prompt_len, "completion_tokens": completion,
+                 "total_tokens": row.prompt_len + completion}
+        row.emit(("done", row.finish_reason(eos_ids), usage))
+        self.metrics.record_generation("completed", row.prompt_len, completion, time.perf_counter() - self._started)
+
+    def _drop(self, row: _Row, outcome: str, status: int, message: str) -> None:
+        """End one row with an error; the batch decodes on without it."""
+        row.emit(("error", status, message))
+        row.closed = True
+        self.metrics.record_generation(outcome, row.prompt_len, len(row.tokens), time.perf_counter() - self._started)
+
+
+def _resolver():
+    """``modeling.params.resolve_params``, or None where the custom code is not importable."""
+    try:
+        from ..modeling.params import resolve_params
+    except ImportError:
+        return None
+    return resolve_params
+
+
+def batching_problem(max_batch_size: int, batch_wait_ms: float) -> str | None:
+    """Why these batching settings are unusable, or None."""
+    if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
+        return f"--max-batch-size {max_batch_size} is invalid: must be an integer of at least 1 (1: no batching)"
+    if not 0 <= batch_wait_ms <= 10_000:
+        return (f"--batch-wait-ms {batch_wait_ms:g} is invalid: must be between 0 and 10000 milliseconds "
+                "(how long the first request waits for others to share its batch)")
+    return None
+
+
+def max_model_len_problem(max_model_len: int | None, model_context: int) -> str | None:
+    """Why ``--max-model-len`` cannot be used with a model of ``model_context`` positions, or None."""
+    if max_model_len is None:
+        return None
+    if isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len < 1:
+        return f"--max-model-len {max_model_len} is invalid: must be a positive number of tokens"
+    if max_model_len > model_context:
+        return (f"--max-model-len {max_model_len} is more than the model's max_position_embeddings of "
+                f"{model_context} tokens: the model has no positions past it; use at most {model_context}")
+    return None

@@ -55,6 +55,8 @@ class Metrics:
         self._tpot_counts = [0] * (len(TPOT_BUCKETS) + 1)
         self._tpot_sum = 0.0
         self._generation_seconds = 0.0
+        self.batches = 0
+        self.batched_requests = 0
 
     def count_request(self, path: str, status: int) -> None:
         endpoint = path if path in ENDPOINTS else ("/v1/models" if path.startswith("/v1/models/") else "other")
@@ -64,6 +66,12 @@ class Metrics:
     def count_rejected(self) -> None:
         with self._lock:
             self.rejected += 1
+
+    def record_batch(self, size: int) -> None:
+        """One ``generate`` call decoding ``size`` requests together."""
+        with self._lock:
+            self.batches += 1
+            self.batched_requests += size
 
     def record_generation(self, outcome: str, prompt_tokens: int, completion_tokens: int, seconds: float) -> None:
         with self._lock:
@@ -98,6 +106,11 @@ class Metrics:
             metric("oled_generated_tokens_total", "counter", "Tokens generated.", [("", self.generated_tokens)])
             metric("oled_generation_seconds_total", "counter", "Time spent generating.",
                    [("", self._generation_seconds)])
+            metric("oled_batches_total", "counter", "generate calls (each decodes a batch of requests).",
+                   [("", self.batches)])
+            metric("oled_batched_requests_total", "counter",
+                   "Requests decoded by those calls (over oled_batches_total: the mean batch size).",
+                   [("", self.batched_requests)])
             cumulative, samples = 0, []
             for bound, count in zip((*TPOT_BUCKETS, "+Inf"), self._tpot_counts):
                 cumulative += count
@@ -106,7 +119,8 @@ class Metrics:
             metric("oled_time_per_output_token_seconds", "histogram",
                    "Generation time divided by completion tokens, per completed request.", samples)
         metric("oled_queue_depth", "gauge", "Requests waiting for the model.", [("", queue_depth)])
-        metric("oled_requests_running", "gauge", "Requests being generated (0 or 1).", [("", running)])
+        metric("oled_requests_running", "gauge", "Requests being decoded now (the open rows of the current batch).",
+               [("", running)])
         figures = offload or {}
         metric("oled_offload_enabled", "gauge", "1 when experts are offloaded.", [("", int(offload is not None))])
         metric("oled_expert_cache_hit_rate", "gauge", "Expert-cache hit rate since load (0 without offloading).",

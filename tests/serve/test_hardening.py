@@ -41,9 +41,12 @@ def _outcome(engine, **fields) -> tuple:
 
 
 def test_worker_survives_a_seed_torch_refuses(http, engine):
-    """``seed=2**64`` past the HTTP check (this used to kill the worker for good): an error, then service."""
-    event = _outcome(engine, seed=2**64)
-    assert event[0] == "error" and event[1] == 400 and "Overflow" in event[2]
+    """``seed=2**64`` past the HTTP check (this used to kill the worker for good): refused at submit, then service."""
+    from oled_hf.serve.engine import GenerationRequest
+
+    with pytest.raises(ValueError, match="seed=18446744073709551616 is refused .*Overflow"):
+        engine.submit(GenerationRequest(input_ids=engine.encode_text("hello"), max_tokens=8, emit=print,
+                                        block_length=8, seed=2**64))
     assert engine.alive
     _served_after(http)
 

@@ -1,0 +1,222 @@
+"""Batched serving: requests that arrive together decode in one ``generate``, each getting its single answer.
+
+Lossless by construction (every row of a left-padded batch sees what it sees alone); checked here on
+the trained 3-digit toy, resident and offloaded with ``cache_ratio=0.4``, with prompts of different
+lengths, per-request ``max_tokens`` and ``stop``, and rows that leave or fail mid-batch.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from oled_hf.serve.engine import Engine, GenerationRequest, load_model
+
+QUESTIONS = ["What is 351+976?", "What is 5+7?", "What is 222+210?", "What is 89+4?", "What is 890+271?",
+             "What is 1+1?", "What is 640+359?", "What is 12+345?"]
+
+
+class Collector:
+    """A request's events, and an event set once its final one (done or error) has arrived."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple] = []
+        self.finished = threading.Event()
+
+    def __call__(self, event: tuple) -> None:
+        self.events.append(event)
+        if event[0] in ("done", "error"):
+            self.finished.set()
+
+    @property
+    def text(self) -> str:
+        return "".join(e[1] for e in self.events if e[0] == "delta")
+
+    @property
+    def outcome(self) -> tuple:
+        return (self.text, *self.events[-1])
+
+
+def _toy(offloaded: bool):
+    from oled_hf.toy import TOY_CHECKPOINT
+
+    return load_model(str(TOY_CHECKPOINT), device="cpu", cache_ratio=0.4 if offloaded else None)
+
+
+@pytest.fixture(scope="module", params=["resident", "offloaded"])
+def toy(request):
+    model, tokenizer = _toy(request.param == "offloaded")
+    return model, tokenizer
+
+
+def _requests(engine: Engine, specs: list[dict]) -> list[tuple[GenerationRequest, Collector]]:
+    out = []
+    for spec in specs:
+        spec = dict(spec)
+        question = spec.pop("question")
+        sink = Collector()
+        ids = engine.encode_chat([{"role": "user", "content": question}])
+        out.append((GenerationRequest(input_ids=ids, emit=sink, **{"max_tokens": 16, **spec}), sink))
+    return out
+
+
+def _alone(engine: Engine, specs: list[dict]) -> list[tuple]:
+    """Each request decoded on its own (a batch of one), on the caller's thread."""
+    answers = []
+    for request, sink in _requests(engine, specs):
+        engine.check(request)
+        request.key = engine.batch_key(request)
+        engine.run_batch([request])
+        answers.append(sink.outcome)
+    return answers
+
+
+def _together(engine: Engine, specs: list[dict]) -> list[tuple]:
+    """All requests queued before the worker starts, so that it finds them waiting together."""
+    pairs = _requests(engine, specs)
+    for request, _ in pairs:
+        engine.submit(request)
+    engine.start()
+    try:
+        for _, sink in pairs:
+            assert sink.finished.wait(60), "a request never finished"
+    finally:
+        engine.stop()
+    return [sink.outcome for _, sink in pairs]
+
+
+def _engine(toy, **kwargs) -> Engine:
+    model, tokenizer = toy
+    return Engine(model, tokenizer, max_queue=32, **kwargs)
+
+
+def test_a_batch_answers_each_request_as_alone(toy):
+    """Eight prompts of different lengths, max_tokens and stop strings: one generate, eight single answers."""
+    specs = [{"question": q, "max_tokens": [16, 8, 16, 9, 16, 8, 24, 12][i], "stop": [[], [], ["2"], [], ["1"], [],
+              ["9", "0"], []][i]} for i, q in enumerate(QUESTIONS)]
+    alone = _alone(_engine(toy), specs)
+    engine = _engine(toy, max_batch_size=8)
+    assert _together(engine, specs) == alone
+    assert (engine.metrics.batches, engine.metrics.batched_requests) == (1, 8)
+    # the toy solves them, and max_tokens/stop cut where they cut alone
+    assert alone[0][:3] == ("1327", "done", "stop") and alone[0][3]["completion_tokens"] == 5
+    assert alone[2][:3] == ("43", "done", "stop")  # 432 stopped before "2"
+    assert alone[4][:3] == ("", "done", "stop")  # 1161 stopped before "1"
+
+
+def test_rows_cut_at_their_own_max_tokens(toy):
+    """max_tokens under ``steps`` (8 on the toy) shortens the commit schedule: equal ones still batch."""
+    specs = [{"question": q, "max_tokens": 3} for q in QUESTIONS[:3]] + [{"question": QUESTIONS[3], "max_tokens": 2}]
+    alone = _alone(_engine(toy), specs)
+    engine = _engine(toy, max_batch_size=8)
+    assert _together(engine, specs) == alone
+    assert (engine.metrics.batches, engine.metrics.batched_requests) == (2, 4)
+    assert alone[0][:3] == ("132", "done", "length") and alone[0][3]["completion_tokens"] == 3
+    assert alone[3][2:4] == ("length", {"prompt_tokens": 22, "completion_tokens": 2, "total_tokens": 24})
+
+
+def test_the_batch_limit_and_incompatible_settings_split_batches(toy):
+    """A different block_length cannot share a generate; max_batch_size bounds the others."""
+    specs = [{"question": q} for q in QUESTIONS[:5]] + [{"question": QUESTIONS[5], "block_length": 16}]
+    alone = _alone(_engine(toy), specs)
+    engine = _engine(toy, max_batch_size=3)
+    assert _together(engine, specs) == alone
+    assert (engine.metrics.batches, engine.metrics.batched_requests) == (3, 6)  # 3 + 2 (block 8) and 1 (block 16)
+
+
+def test_short_max_tokens_below_steps_batch_only_with_their_schedule(toy):
+    """max_new_tokens under ``steps`` shortens the commit schedule, so such requests batch apart."""
+    engine = _engine(toy)
+    (a, _), (b, _), (c, _) = _requests(engine, [{"question": "x", "max_tokens": 4}, {"question": "y", "max_tokens": 16},
+                                                {"question": "z", "max_tokens": 4}])
+    assert engine.batch_key(a) == engine.batch_key(c) != engine.batch_key(b)
+    seeded = _requests(engine, [{"question": "x", "temperature": 1.0, "seed": 1}] * 2)
+    assert engine.batch_key(seeded[0][0]) != engine.batch_key(seeded[1][0])  # a seeded sample runs alone
+
+
+def test_a_row_that_leaves_or_fails_does_not_break_the_others(toy):
+    specs = [{"question": q, "max_tokens": 24, "block_length": 4} for q in QUESTIONS[:4]]
+    alone = _alone(_engine(toy), specs)
+    engine = _engine(toy, max_batch_size=8)
+    pairs = _requests(engine, specs)
+    leaver, broken = pairs[1][0], pairs[2][0]
+
+    def leave(event, sink=pairs[1][1]):
+        sink(event)
+        if event[0] == "delta":
+            engine.cancel(leaver)
+
+    def fail(event):
+        if event[0] == "delta":
+            raise RuntimeError("the client's connection is gone")
+
+    leaver.emit, broken.emit = leave, fail
+    for request, _ in pairs:
+        engine.submit(request)
+    engine.start()
+    try:
+        for i in (0, 1, 3):
+            assert pairs[i][1].finished.wait(60)
+    finally:
+        engine.stop()
+    assert pairs[0][1].outcome == alone[0] and pairs[3][1].outcome == alone[3]
+    assert pairs[1][1].events[-1][:2] == ("error", 499)
+    assert engine.metrics.batches == 1
+    assert engine.metrics.generations["aborted"] == 2 and engine.metrics.generations["completed"] == 2
+
+
+def test_each_row_streams_block_by_block(toy):
+    """Per-request streaming: the deltas generate's own streamer gives the request alone, one per block it decodes."""
+    specs = [{"question": q, "block_length": 2, "max_tokens": 8} for q in QUESTIONS[:3]]
+    engine = _engine(toy, max_batch_size=8)
+    pairs = _requests(engine, specs)
+    for request, _ in pairs:
+        engine.submit(request)
+    engine.start()
+    try:
+        for _, sink in pairs:
+            assert sink.finished.wait(60)
+    finally:
+        engine.stop()
+    from oled_hf.serve.streaming import BlockTextStreamer
+
+    model = toy[0]
+    for request, sink in pairs:  # the pieces generate's own streamer hands out for this request alone
+        pieces: list[str] = []
+        model.generate(input_ids=request.input_ids, max_new_tokens=8, block_length=2,
+                       streamer=BlockTextStreamer(engine.tokenizer, pieces.append))
+        assert sink.events[0] == ("start",)
+        assert [e[1] for e in sink.events if e[0] == "delta"] == pieces
+        assert len(pieces) > 2 and sink.events[-1][0] == "done"
+
+
+def test_generate_itself_gives_rows_their_single_tokens(toy):
+    """The property batching rests on, checked at the source: a left-padded batch equals single calls."""
+    model, tokenizer = toy
+    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                             return_dict=True)["input_ids"] for q in QUESTIONS]
+    singles = [model.generate(input_ids=torch.tensor([p]), max_new_tokens=16)[0, len(p):].tolist() for p in prompts]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + list(p) for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    rows = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=16)[:, width:].tolist()
+    for single, row in zip(singles, rows):
+        assert row[:len(single)] == single
+
+
+def test_batching_settings_are_checked(toy):
+    model, tokenizer = toy
+    with pytest.raises(ValueError, match="--max-batch-size 0 is invalid"):
+        Engine(model, tokenizer, max_batch_size=0)
+    with pytest.raises(ValueError, match="--batch-wait-ms -1 is invalid"):
+        Engine(model, tokenizer, batch_wait_ms=-1)
+    with pytest.raises(ValueError, match="--max-model-len 257 is more than the model's max_position_embeddings of "
+                                         "256"):
+        Engine(model, tokenizer, max_model_len=257)
+    engine = Engine(model, tokenizer, max_model_len=20)
+    assert engine.context_length == 20
+    (request, _), = _requests(engine, [{"question": QUESTIONS[0]}])
+    with pytest.raises(ValueError, match="the prompt has 25 tokens, more than this server's limit of 20"):
+        engine.submit(request)
