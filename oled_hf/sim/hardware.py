@@ -32,8 +32,9 @@ HARDWARE_FLAGS = {
     "gpu_launch_us": "one expert-kernel launch chain, us (10)",
     "cpu_gbps": "CPU memory bandwidth for streaming expert weights, GB/s (100)",
     "cpu_tflops": "CPU BF16 GEMM throughput, TFLOP/s (1)",
-    "cpu_overhead_us": "fixed cost of one CPU expert batch (transfers, wake-up), us (20)",
+    "cpu_overhead_us": "fixed cost of one CPU batch, once per layer access (transfers, wake-up), us (20)",
     "nonexpert_us_per_layer": "attention + norms + router + shared expert per layer, us (60)",
+    "host_dram_gbps": "host DRAM bandwidth shared by DMA and CPU expert reads, GB/s (200; 0 = not shared)",
 }
 # CLI flag -> CostModel.with_overrides key (final per-field overrides, applied last)
 FIELD_FLAGS = {
@@ -80,6 +81,8 @@ def cost_model_from_args(trace: Trace, args: Any) -> CostModel:
     hw = {k: getattr(args, k) for k in HARDWARE_FLAGS if getattr(args, k, None) is not None}
     if "gpu_launch_us" in hw:
         hw["launch_us"] = hw.pop("gpu_launch_us")
+    if "hbm_gbps" in hw:
+        hw["gpu_hbm_gbps"] = hw.pop("hbm_gbps")
     cm = CostModel.h200_pcie5(hidden, inter, dtype, kernel=getattr(args, "gpu_kernel", "grouped"), **hw)
     return cm.with_overrides(**{k: getattr(args, k, None) for k in FIELD_FLAGS})
 

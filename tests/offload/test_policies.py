@@ -19,9 +19,9 @@ def event(masked, conf, committed, block=0, it=0):
 
 
 def test_registry_and_config_knobs():
-    assert available_policies() == ["lfu", "lru", "moe-infinity", "oled", "prefetch", "static", "tide"]
+    assert available_policies() == ["lfu", "lru", "moe-infinity", "oled", "prefetch", "score", "static", "tide"]
     with pytest.raises(ValueError, match="policy='nope' is unknown; known policies: "
-                       "lfu, lru, moe-infinity, oled, prefetch, static, tide"):
+                       "lfu, lru, moe-infinity, oled, prefetch, score, static, tide"):
         make_policy("nope", 2, 8)
     cfg = OffloadConfig(cache_size=2, tide_interval=7, static_warmup_iterations=3, oled_decay=0.25)
     assert make_policy("tide", 2, 8, cfg).interval == 7
@@ -151,3 +151,41 @@ def test_oled_beats_lru_when_confident_tokens_keep_routes(cpu):
         lru = replay(trace, "lru", 32, layer_adaptive=False, cpu_compute=cpu)
         gains.append(oled.hit_rate - lru.hit_rate)
     assert min(gains) > 0 and np.mean(gains) > 0.01
+
+
+def test_score_policy_ranks_by_decayed_gate_weight():
+    """HybriMoE's cache rule: a heavily weighted expert outranks one many tokens route to lightly."""
+    p = make_policy("score", 1, 4)
+    ids = np.array([[0, 1], [0, 1], [0, 2]])
+    w = np.array([[0.1, 0.9], [0.1, 0.9], [0.1, 0.9]], dtype=np.float32)
+    p.observe_access(0, ids, w, 1)
+    prio = p.priority_array(0)
+    assert prio[1] > prio[0] > 0 and prio[3] == 0  # expert 0: 3 tokens x 0.1; expert 1: 2 x 0.9
+    p.observe_access(0, np.array([[3, 2]]), np.array([[0.5, 0.5]], dtype=np.float32), 2)
+    assert p.priority_array(0)[1] == pytest.approx(0.7 * 1.8)
+
+
+def test_static_profile_fixes_the_placement_from_the_start():
+    prof = np.zeros((1, 8))
+    prof[0, [5, 6]] = [10, 20]
+    p = make_policy("static", 1, 8)
+    from oled_hf.offload.policies.static import StaticPolicy
+
+    p = StaticPolicy(1, 8, profile=prof)
+    p.set_capacities([2])
+    assert p.admission(0).nonzero()[0].tolist() == [5, 6]  # before any access or iteration
+    with pytest.raises(ValueError, match=r"static profile has shape \(2, 8\), expected"):
+        StaticPolicy(1, 8, profile=np.zeros((2, 8)))
+
+
+def test_prefetchers_are_a_separate_part():
+    from oled_hf.offload.policies.prefetch import make_prefetcher
+
+    gate = make_prefetcher("gate", 2, 8, limit=2)
+    assert gate.prefetch_for(1, np.array([0, 3, 1, 0, 5, 0, 0, 0]), 4).tolist() == [4, 1]
+    capped = make_prefetcher("gate-capped", 2, 8)
+    assert capped.prefetch_for(1, np.array([0, 3, 1, 0, 5, 0, 0, 0]), 4, budget=1).tolist() == [4]
+    assert capped.demand_first and not gate.demand_first
+    assert make_prefetcher("none", 2, 8) is None
+    with pytest.raises(ValueError, match="prefetch='x' is unknown; allowed: none, gate, gate-capped, matrix"):
+        make_prefetcher("x", 2, 8)

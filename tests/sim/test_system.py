@@ -53,8 +53,9 @@ def test_grammar_and_presets():
         parse_system("lru+cpu+gate")
 
 
-@pytest.mark.parametrize("policy, cpu, adaptive", [("oled", "on", True), ("lru", "off", False), ("tide", "on", True),
-                                                   ("static", "on", False), ("lfu", "off", True), ("oled", "off", False)])
+@pytest.mark.parametrize("policy, cpu, adaptive", [
+    ("oled", "on", True), ("lru", "off", False), ("tide", "on", True), ("static", "on", False), ("lfu", "off", True),
+    ("oled", "off", False)])
 def test_same_parts_give_the_same_plan_whatever_the_name(policy, cpu, adaptive):
     """The legacy config path (what live runs build), the parts string and a preset plan identically."""
     config = OffloadConfig(cache_size=12, policy=policy, cpu_compute=cpu, layer_adaptive=adaptive)
