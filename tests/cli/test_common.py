@@ -136,10 +136,38 @@ def test_commands_share_model_and_device_defaults():
         args = parser.parse_args([*command.split(), *{"trace record": ["--prompts", "p", "--out", "o"],
                                                       "eval": ["--tasks", "t"]}.get(command, [])])
         assert args.model is None, command  # None: the shipped toy, through common.resolve_model
-        if command not in ("demo", "eval"):
+        if command != "demo":
             assert args.device == "auto", command
 
 
 def test_the_trained_toy_is_the_default_model():
     default = common.default_model_path()
     assert default is not None and default.name == "checkpoint" and Path(default, "config.json").is_file()
+
+
+@pytest.mark.parametrize("command", ["benchmark", "trace record", "eval"])
+def test_device_cuda_without_cuda_is_one_line_exit_2_everywhere(command, tiny_path, tmp_path, capsys, monkeypatch):
+    """Every subcommand resolves --device through common.resolve_device, before anything loads."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("nothing may load"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "eval").mkdir()
+    shutil.copy(Path(__file__).resolve().parents[2] / "eval" / "prompts.txt", tmp_path / "eval" / "prompts.txt")
+    code = main([*command.split(), "--model", str(tiny_path), "--device", "cuda", *MODEL_COMMANDS[command]])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "CUDA is not available on this machine" in err and err.count("\n") == 1, err
+
+
+def test_resolve_device_names_what_is_allowed(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert common.resolve_device("auto") == "cpu" and common.resolve_device("cpu") == "cpu"
+    with pytest.raises(ValueError, match=r"^--device gpu: not a device \(allowed: auto, cpu, cuda, cuda:N\)$"):
+        common.resolve_device("gpu")
+    with pytest.raises(ValueError, match=r"^--device mps: oled-moe runs on cpu or cuda"):
+        common.resolve_device("mps")
