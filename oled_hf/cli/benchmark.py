@@ -1,7 +1,8 @@
 """``oled-moe benchmark``: TPOT and cache behaviour per policy, next to full residency, in one run.
 
 Flags follow the reference tool (``--model --device --gen-length --block-length --cache-size
---warmup-runs --runs --profile --report-dir``) plus ``--policy`` (several) and ``--json``.
+--warmup-runs --runs --profile --report-dir``) plus ``--policy`` (several) and ``--json``; the budget
+is ``--cache-size`` (several), ``--cache-ratio`` (a fraction or ``auto``) or ``--max-gpu-memory``.
 Every configuration decodes the same prompts; tokens are checked against the resident run.
 
 Configurations are measured round-robin: all are loaded first, then each run decodes every
@@ -23,6 +24,7 @@ from pathlib import Path
 from ..offload.config import KNOWN_POLICIES
 from ..offload.dispatch import CPU_COMPUTE_MODES
 from ..progress import add_quiet_argument, progress
+from .budget import add_budget_arguments, budget_choices, check_budget_device
 from .common import add_device_argument, add_model_argument, cpu_compute_note, resolve_device, resolve_model
 
 DEFAULT_PROMPTS = ["Tell me a story about a ship that sails across the sea.",
@@ -39,10 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--block-length", type=int, default=32, help="diffusion block length")
     p.add_argument("--threshold", type=float, default=None,
                    help="confidence threshold to commit a token (default: the checkpoint's generation_config)")
-    p.add_argument("--cache-size", type=int, nargs="+", default=None,
-                   help="expert slots per MoE layer, several allowed (this or --cache-ratio; default: none)")
-    p.add_argument("--cache-ratio", type=float, default=None,
-                   help="fraction of routed-expert bytes on the device, instead of --cache-size (default: none)")
+    add_budget_arguments(p, several_sizes=True, default="none; one budget flag is required")
     p.add_argument("--policy", nargs="+", default=["oled", "lru"], choices=KNOWN_POLICIES,
                    help="retention policies to measure")
     p.add_argument("--cpu-compute", choices=list(CPU_COMPUTE_MODES), default="auto",
@@ -173,10 +172,13 @@ def benchmark(args: argparse.Namespace) -> int:
     from ..modeling.experts import LOOP_EXECUTOR
     from ..offload.config import OffloadConfig
 
-    if args.cache_size is None and args.cache_ratio is None:
-        raise ValueError("give --cache-size N [N ...] (slots per MoE layer) or --cache-ratio R")
+    budgets = budget_choices(args)
+    if not budgets:
+        raise ValueError("give --cache-size N [N ...] (slots per MoE layer), --cache-ratio R (or auto) "
+                         "or --max-gpu-memory SIZE")
     path = resolve_model(args.model)
     device = resolve_device(args.device)
+    check_budget_device(budgets, device)
     load = dict(device_map=device)
     if args.dtype:
         load["dtype"] = getattr(torch, args.dtype)
@@ -189,13 +191,13 @@ def benchmark(args: argparse.Namespace) -> int:
         for block in loop.moe_blocks():
             block.experts_executor = LOOP_EXECUTOR
         configs.append(Measured("full residency (per-expert loop)", loop))
-    budgets = [("cache_size", c) for c in args.cache_size] if args.cache_size else [("cache_ratio", args.cache_ratio)]
-    for key, value in budgets:
+    for budget in budgets:
         for policy in args.policy:
-            config = OffloadConfig(**{key: value}, policy=policy, cpu_compute=args.cpu_compute)
+            config = OffloadConfig(**budget, policy=policy, cpu_compute=args.cpu_compute)
             model = AutoModelForCausalLM.from_pretrained(path, offload_config=config, **load).eval()
             model._offload_runtime.profile = args.profile
-            configs.append(Measured(f"{policy} @ {key.replace('_', ' ')} {value}", model))
+            label = budget_label(budget, model.offload_stats()["slots_per_layer"])
+            configs.append(Measured(f"{policy} @ {label}", model))
     bar = progress(total=len(configs) * (args.warmup_runs + args.runs), desc="benchmark", unit="pass",
                    quiet=args.quiet)
     measure_round_robin(configs, inputs, args, args.runs, args.warmup_runs, bar.update)
@@ -223,6 +225,14 @@ def benchmark(args: argparse.Namespace) -> int:
         notes = sorted({cpu_compute_note(d) for d in details.values()})
         print("\n".join([format_rows(rows), *(f"offloaded rows: {n}" for n in notes)]))
     return 0 if all(r.same_tokens for r in rows) else 1
+
+
+def budget_label(budget: dict, slots_per_layer: float) -> str:
+    """``cache size 8``, ``cache ratio 0.4``; budgets sized in bytes add their slots: ``... (12.0 slots/layer)``."""
+    key = next(k for k in ("cache_size", "cache_ratio", "max_gpu_memory") if k in budget)
+    label = f"{key.replace('_', ' ')} {budget[key]}"
+    sized = key == "max_gpu_memory" or budget[key] == "auto"
+    return f"{label} ({slots_per_layer:.1f} slots/layer)" if sized else label
 
 
 def format_rows(rows: list[Row]) -> str:

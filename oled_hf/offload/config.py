@@ -13,10 +13,13 @@ from dataclasses import asdict, dataclass, fields
 from numbers import Integral, Real
 from typing import Any
 
+from .budget import DEFAULT_GPU_MEMORY_UTILIZATION, parse_memory, slots_for_bytes
 from .dispatch import CPU_COMPUTE_MODES
 
 KNOWN_POLICIES = ("lfu", "lru", "moe-infinity", "oled", "prefetch", "static", "tide")
 STORE_MODES = ("auto", "mmap", "pinned")
+BUDGETS = ("cache_size", "cache_ratio", "max_gpu_memory")  # exactly one is given
+AUTO = "auto"  # cache_ratio="auto": sized from free GPU memory at load (budget.py)
 
 
 def _is_int(value: Any) -> bool:
@@ -29,12 +32,19 @@ def _is_real(value: Any) -> bool:
 
 @dataclass
 class OffloadConfig:
-    """How experts are offloaded. Give exactly one of ``cache_size`` or ``cache_ratio``.
+    """How experts are offloaded. Give exactly one budget: ``cache_size``, ``cache_ratio`` or ``max_gpu_memory``.
 
     ``cache_size`` counts expert slots per MoE layer on average (the paper's unit: 40 or 100 of 256
-    for LLaDA2.0-mini); ``cache_ratio`` is the fraction of all routed-expert bytes kept on the GPU.
+    for LLaDA2.0-mini); ``cache_ratio`` is the fraction of all routed-expert bytes kept on the GPU,
+    or ``"auto"``: as many slots as free GPU memory holds once the weights are loaded, after
+    activations and KV for ``auto_batch_size`` sequences of ``auto_context_length`` tokens, keeping
+    ``1 - gpu_memory_utilization`` of the device free (vLLM's rule; formula in
+    ``oled_hf/offload/budget.py``; needs a CUDA device). ``max_gpu_memory`` caps the slot pool's
+    device bytes (``"20GiB"``, ``"20GB"``, ``"500MiB"`` or an int of bytes, as accelerate's
+    ``max_memory``). ``gpu_memory_utilization``, ``auto_batch_size`` and ``auto_context_length``
+    are read only with ``cache_ratio="auto"``.
     The budget is never enlarged: one that gives a layer fewer than ``min_slots_per_layer`` slots
-    is refused at load (:meth:`resolve_slots`).
+    is refused at load (:meth:`resolve_slots`), as is a pool larger than the device's free memory.
     Cost-model overrides replace the values measured at load (``calibrate``) or the preset.
 
     ``record_trace``: a file the routing trace of the loaded model is written to; one trace per
@@ -49,7 +59,12 @@ class OffloadConfig:
     """
 
     cache_size: int | None = None
-    cache_ratio: float | None = None
+    cache_ratio: float | str | None = None  # or "auto": sized from free GPU memory at load
+    max_gpu_memory: int | str | None = None  # device bytes for the expert slot pool: "20GiB", 20 * 2**30
+    # read only with cache_ratio="auto" (oled_hf/offload/budget.py)
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
+    auto_batch_size: int = 1
+    auto_context_length: int | None = None  # None: the model's max_position_embeddings
     policy: str = "oled"
     layer_adaptive: bool = True
     cpu_compute: str = "auto"
@@ -80,26 +95,7 @@ class OffloadConfig:
     record_trace_overwrite: bool = False  # replace an existing record_trace file (else refused)
 
     def __post_init__(self) -> None:
-        if (self.cache_size is None) == (self.cache_ratio is None):
-            got = "neither" if self.cache_size is None else (
-                f"both (cache_size={self.cache_size!r}, cache_ratio={self.cache_ratio!r})"
-            )
-            raise ValueError(
-                "OffloadConfig needs exactly one of cache_size (expert slots per MoE layer, integer >= 1) "
-                f"or cache_ratio (fraction of routed-expert bytes in (0, 1]); got {got}"
-            )
-        if self.cache_size is not None and (not _is_int(self.cache_size) or self.cache_size < 1):
-            raise ValueError(
-                f"cache_size={self.cache_size!r} is invalid: must be an integer >= 1 "
-                "(expert slots per MoE layer)"
-            )
-        if self.cache_ratio is not None and (
-            not _is_real(self.cache_ratio) or not 0.0 < float(self.cache_ratio) <= 1.0
-        ):
-            raise ValueError(
-                f"cache_ratio={self.cache_ratio!r} is invalid: must be a number in (0, 1] "
-                "(fraction of routed-expert bytes kept on the GPU)"
-            )
+        self._check_budget()
         self._check_choice("policy", KNOWN_POLICIES, "known policies")
         self._check_choice("cpu_compute", CPU_COMPUTE_MODES, "allowed")
         self._check_choice("store", STORE_MODES, "allowed")
@@ -111,7 +107,7 @@ class OffloadConfig:
             value = getattr(self, name)
             if value is not None and (not _is_real(value) or float(value) <= 0.0):
                 raise ValueError(f"{name}={value!r} is invalid: must be a number > 0, or None to measure it")
-        for name in ("tide_interval", "static_warmup_iterations", "min_slots_per_layer"):
+        for name in ("tide_interval", "static_warmup_iterations", "min_slots_per_layer", "auto_batch_size"):
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise ValueError(f"{name}={value!r} is invalid: must be an integer >= 1")
@@ -130,8 +126,44 @@ class OffloadConfig:
         self._check_unit("rebalance_damping", low_open=True)
         if not _is_real(self.oled_gate_power) or not 0.0 <= float(self.oled_gate_power) <= 4.0:
             raise ValueError(f"oled_gate_power={self.oled_gate_power!r} is invalid: must be a number in [0, 4]")
+        if self.auto_context_length is not None and (not _is_int(self.auto_context_length)
+                                                     or self.auto_context_length < 1):
+            raise ValueError(f"auto_context_length={self.auto_context_length!r} is invalid: must be an integer >= 1, "
+                             "or None for the model's max_position_embeddings")
+        self._check_unit("gpu_memory_utilization", low_open=True)
         if self.record_trace is not None and (not isinstance(self.record_trace, str) or not self.record_trace):
             raise ValueError(f"record_trace={self.record_trace!r} is invalid: must be a file path or None")
+
+    def _check_budget(self) -> None:
+        """Exactly one of the three budgets, each valid; the error names the field and what is allowed."""
+        given = [name for name in BUDGETS if getattr(self, name) is not None]
+        if len(given) != 1:
+            got = "neither" if not given else "both (" + ", ".join(
+                f"{name}={getattr(self, name)!r}" for name in given) + ")"
+            raise ValueError(
+                "OffloadConfig needs exactly one budget: cache_size (expert slots per MoE layer, integer >= 1), "
+                "cache_ratio (fraction of routed-expert bytes in (0, 1], or 'auto' to size it from free GPU memory) "
+                f"or max_gpu_memory (device bytes for experts, e.g. '20GiB'); got {got}"
+            )
+        if self.cache_size is not None and (not _is_int(self.cache_size) or self.cache_size < 1):
+            raise ValueError(
+                f"cache_size={self.cache_size!r} is invalid: must be an integer >= 1 "
+                "(expert slots per MoE layer)"
+            )
+        if self.cache_ratio is not None and self.cache_ratio != AUTO and (
+            not _is_real(self.cache_ratio) or not 0.0 < float(self.cache_ratio) <= 1.0
+        ):
+            raise ValueError(
+                f"cache_ratio={self.cache_ratio!r} is invalid: must be a number in (0, 1] "
+                "(fraction of routed-expert bytes kept on the GPU) or 'auto' (sized from free GPU memory)"
+            )
+        if self.max_gpu_memory is not None:
+            parse_memory(self.max_gpu_memory, "max_gpu_memory")
+
+    @property
+    def auto(self) -> bool:
+        """Whether the budget is sized from the device at load (``cache_ratio="auto"``)."""
+        return self.cache_ratio == AUTO
 
     def check_record_trace(self) -> None:
         """Refuse a ``record_trace`` path the recorder could not write as asked (``attach`` calls it).
@@ -159,15 +191,39 @@ class OffloadConfig:
             raise ValueError(f"{name}={value!r} is invalid: must be a number in {interval}")
 
     # ------------------------------------------------------------------ model-dependent checks
-    def resolve_slots(self, num_moe_layers: int, num_experts: int) -> int:
+    def resolve_slots(self, num_moe_layers: int, num_experts: int, *, expert_bytes: int | None = None) -> int:
         """Total GPU expert slots for a model with this many MoE layers and routed experts each.
 
-        The budget is what was asked for, never more: ``cache_size`` slots per layer, or
-        ``cache_ratio`` of all experts rounded to whole slots (at most all of them). Raises
+        The budget is what was asked for, never more: ``cache_size`` slots per layer,
+        ``cache_ratio`` of all experts rounded to whole slots (at most all of them), or the whole
+        slots of ``expert_bytes`` that fit in ``max_gpu_memory`` (at most all experts). Raises
         ``ValueError`` when it cannot be met: more slots per layer than experts, or a budget that
         gives fewer than ``min_slots_per_layer`` slots to each layer (silently enlarging it would
-        put more bytes on the device than the user allowed).
+        put more bytes on the device than the user allowed). ``cache_ratio="auto"`` asks the
+        device: :meth:`resolve_device_slots`.
         """
+        self._check_shape(num_moe_layers, num_experts)
+        total_experts = num_moe_layers * num_experts
+        if self.auto:
+            raise ValueError("cache_ratio='auto' is sized from the device when the model loads "
+                             "(OffloadConfig.resolve_device_slots); here give cache_size or a numeric cache_ratio")
+        if self.cache_size is not None:
+            if self.cache_size > num_experts:
+                raise ValueError(
+                    f"cache_size={self.cache_size} exceeds num_experts={num_experts}: a MoE layer has only "
+                    f"{num_experts} routed experts, so at most {num_experts} slots per layer are useful"
+                )
+            slots = int(self.cache_size) * num_moe_layers
+        elif self.max_gpu_memory is not None:
+            if expert_bytes is None:
+                raise ValueError("max_gpu_memory needs the size of one expert to count slots (expert_bytes)")
+            slots = slots_for_bytes(parse_memory(self.max_gpu_memory), expert_bytes, num_moe_layers, num_experts)
+        else:
+            slots = min(int(round(float(self.cache_ratio) * total_experts)), total_experts)
+        self._check_minimum(slots, num_moe_layers, total_experts, expert_bytes)
+        return slots
+
+    def _check_shape(self, num_moe_layers: int, num_experts: int) -> None:
         if num_moe_layers < 1 or num_experts < 1:
             raise ValueError(
                 f"model has num_moe_layers={num_moe_layers}, num_experts={num_experts}: nothing to offload"
@@ -176,20 +232,50 @@ class OffloadConfig:
             raise ValueError(
                 f"min_slots_per_layer={self.min_slots_per_layer} exceeds num_experts={num_experts} per layer"
             )
-        total_experts = num_moe_layers * num_experts
-        if self.cache_size is not None:
-            if self.cache_size > num_experts:
+
+    def resolve_device_slots(self, model_config: Any, dtype_bytes: int, device: Any,
+                             block_length: int | None = None) -> int:
+        """Total slots for a model loaded on ``device`` (``attach`` calls it before any expert is read).
+
+        ``cache_ratio="auto"``: from the device's free memory (``budget.auto_slots``; a CUDA device is
+        needed). Any budget on a CUDA device: a pool larger than the free memory is refused here,
+        with the sizes, rather than failing in the allocator.
+        """
+        import torch
+
+        from . import budget
+
+        layers, experts = int(model_config.num_moe_layers), int(model_config.num_experts)
+        one = budget.expert_bytes(model_config.hidden_size, model_config.moe_intermediate_size, dtype_bytes)
+        dev = torch.device(device)
+        if self.auto:
+            self._check_shape(layers, experts)
+            free, total, reclaimable = budget.device_memory(dev)
+            context = self.auto_context_length or int(model_config.max_position_embeddings)
+            activations = budget.activation_bytes(model_config, self.auto_batch_size, context, dtype_bytes,
+                                                  block_length or budget.DEFAULT_BLOCK_LENGTH)
+            return budget.auto_slots(
+                free_bytes=free, total_bytes=total, reclaimable_bytes=reclaimable, activations=activations,
+                one_expert_bytes=one, num_layers=layers, num_experts=experts,
+                min_slots_per_layer=self.min_slots_per_layer, gpu_memory_utilization=self.gpu_memory_utilization,
+                device=str(dev))
+        slots = self.resolve_slots(layers, experts, expert_bytes=one)
+        if dev.type == "cuda" and torch.cuda.is_available():
+            free, total, reclaimable = budget.device_memory(dev)
+            if slots * one > free + reclaimable:
                 raise ValueError(
-                    f"cache_size={self.cache_size} exceeds num_experts={num_experts}: a MoE layer has only "
-                    f"{num_experts} routed experts, so at most {num_experts} slots per layer are useful"
+                    f"{self._budget_text()} needs {budget.format_bytes(slots * one)} of device memory for "
+                    f"{slots} expert slots, but {dev} has {budget.format_bytes(free + reclaimable)} free of "
+                    f"{budget.format_bytes(total)}; use a smaller budget or cache_ratio='auto'"
                 )
-            slots = int(self.cache_size) * num_moe_layers
-        else:
-            slots = min(int(round(float(self.cache_ratio) * total_experts)), total_experts)
-        self._check_minimum(slots, num_moe_layers, total_experts)
         return slots
 
-    def _check_minimum(self, slots: int, num_moe_layers: int, total_experts: int) -> None:
+    def _budget_text(self) -> str:
+        name = next(name for name in BUDGETS if getattr(self, name) is not None)
+        return f"{name}={getattr(self, name)!r}"
+
+    def _check_minimum(self, slots: int, num_moe_layers: int, total_experts: int,
+                       expert_bytes: int | None = None) -> None:
         """Raise unless ``slots`` gives every layer ``min_slots_per_layer``; the message says what would fit."""
         needed = num_moe_layers * self.min_slots_per_layer
         if slots >= needed:
@@ -197,6 +283,9 @@ class OffloadConfig:
         if self.cache_size is not None:
             budget = f"cache_size={self.cache_size}"
             fix = f"cache_size >= {self.min_slots_per_layer}"
+        elif self.max_gpu_memory is not None:
+            budget = f"max_gpu_memory={self.max_gpu_memory!r} ({expert_bytes} bytes per expert slot)"
+            fix = f"max_gpu_memory >= {needed * expert_bytes} (bytes)"
         else:
             budget = f"cache_ratio={self.cache_ratio!r}"
             fix = f"cache_ratio >= {needed / total_experts:.6g}"

@@ -67,12 +67,15 @@ class CacheController(IterationObserver):
         cost_model: CostModel,
         *,
         capacities: list[int] | None = None,
+        total_slots: int | None = None,
     ) -> None:
         self.config = config
         self.num_layers = num_layers
         self.num_experts = num_experts
         self.cost_model = cost_model
-        self.total_slots = config.resolve_slots(num_layers, num_experts)
+        # total_slots: resolved by the caller (the live runtime asks the device for cache_ratio="auto")
+        self.total_slots = total_slots if total_slots is not None else config.resolve_slots(
+            num_layers, num_experts, expert_bytes=cost_model.expert_bytes)
         caps = capacities if capacities is not None else uniform_capacities(self.total_slots, num_layers, num_experts)
         self.state = CacheState(num_layers, num_experts, caps, expert_bytes=cost_model.expert_bytes)
         self.total_slots = self.state.total_slots

@@ -8,10 +8,41 @@ from oled_hf.offload.config import OffloadConfig
 
 
 def test_needs_exactly_one_budget():
-    with pytest.raises(ValueError, match="exactly one of cache_size .* or cache_ratio .*got neither"):
+    with pytest.raises(ValueError, match="exactly one budget: cache_size .*, cache_ratio .* or max_gpu_memory .*"
+                                         "got neither"):
         OffloadConfig()
-    with pytest.raises(ValueError, match="got both"):
+    with pytest.raises(ValueError, match=r"got both \(cache_size=4, cache_ratio=0.5\)"):
         OffloadConfig(cache_size=4, cache_ratio=0.5)
+    with pytest.raises(ValueError, match=r"got both \(cache_ratio='auto', max_gpu_memory='20GiB'\)"):
+        OffloadConfig(cache_ratio="auto", max_gpu_memory="20GiB")
+
+
+@pytest.mark.parametrize("value, expected", [("20GiB", 20 * 2**30), ("20GB", 20 * 10**9), ("500MiB", 500 * 2**20),
+                                             (" 1.5GiB ", 3 * 2**29), (123456, 123456)])
+def test_max_gpu_memory_takes_accelerates_spellings(value, expected):
+    from oled_hf.offload.budget import parse_memory
+
+    assert parse_memory(OffloadConfig(max_gpu_memory=value).max_gpu_memory) == expected
+
+
+@pytest.mark.parametrize("value", [0, -5, True, 1.5, "20G", "abc", "", "-5GB"])
+def test_max_gpu_memory_messages(value):
+    with pytest.raises(ValueError) as err:
+        OffloadConfig(max_gpu_memory=value)
+    assert str(err.value) == (f"max_gpu_memory={value!r} is invalid: must be an int of bytes > 0 or a size string "
+                              "such as '20GiB', '20GB' or '500MiB'")
+
+
+def test_auto_knob_messages():
+    assert OffloadConfig(cache_ratio="auto").auto and not OffloadConfig(cache_ratio=0.5).auto
+    with pytest.raises(ValueError, match=r"cache_ratio='Auto' is invalid: .* or 'auto'"):
+        OffloadConfig(cache_ratio="Auto")
+    with pytest.raises(ValueError, match=r"gpu_memory_utilization=1.5 is invalid: must be a number in \(0, 1\]"):
+        OffloadConfig(cache_ratio="auto", gpu_memory_utilization=1.5)
+    with pytest.raises(ValueError, match="auto_batch_size=0 is invalid: must be an integer >= 1"):
+        OffloadConfig(cache_ratio="auto", auto_batch_size=0)
+    with pytest.raises(ValueError, match="auto_context_length=0 is invalid: must be an integer >= 1, or None"):
+        OffloadConfig(cache_ratio="auto", auto_context_length=0)
 
 
 @pytest.mark.parametrize("value", [0, -3, 2.5, True, "10"])
@@ -61,6 +92,10 @@ def test_json_round_trip():
     assert OffloadConfig.from_json(cfg.to_json()) == cfg
     assert OffloadConfig.from_dict(cfg.to_dict()) == cfg
     assert OffloadConfig.from_json(OffloadConfig(cache_size=100).to_json()).cache_size == 100
+    for cfg in (OffloadConfig(cache_ratio="auto", auto_batch_size=4, auto_context_length=2048,
+                              gpu_memory_utilization=0.8), OffloadConfig(max_gpu_memory="20GiB"),
+                OffloadConfig(max_gpu_memory=5 * 2**30)):
+        assert OffloadConfig.from_json(cfg.to_json()) == cfg
 
 
 def test_from_dict_rejects_unknown_fields():
@@ -76,6 +111,22 @@ def test_resolve_slots():
     with pytest.raises(ValueError) as err:
         OffloadConfig(cache_size=300).resolve_slots(19, 256)
     assert "cache_size=300" in str(err.value) and "num_experts=256" in str(err.value)
+
+
+def test_resolve_slots_of_max_gpu_memory():
+    one = 3 * 128 * 64 * 4  # tiny's expert in float32: 98304 bytes
+    assert OffloadConfig(max_gpu_memory="5MiB").resolve_slots(3, 32, expert_bytes=one) == 5 * 2**20 // one == 53
+    assert OffloadConfig(max_gpu_memory="1GiB").resolve_slots(3, 32, expert_bytes=one) == 96  # never more than all
+    assert OffloadConfig(max_gpu_memory=3 * one).resolve_slots(3, 32, expert_bytes=one) == 3
+    with pytest.raises(ValueError) as err:
+        OffloadConfig(max_gpu_memory="200KiB").resolve_slots(3, 32, expert_bytes=one)
+    assert str(err.value) == (
+        "max_gpu_memory='200KiB' (98304 bytes per expert slot) gives 2 expert slots over 3 MoE layers, fewer than "
+        "min_slots_per_layer=1 x 3 layers = 3 needed; the budget is not enlarged: use max_gpu_memory >= 294912 "
+        "(bytes) (the budget does not give every layer even one slot)"
+    )
+    with pytest.raises(ValueError, match="cache_ratio='auto' is sized from the device when the model loads"):
+        OffloadConfig(cache_ratio="auto").resolve_slots(3, 32)
 
 
 # ---- the budget is never enlarged by min_slots_per_layer (issue 23 item 7) --------------------------
