@@ -21,6 +21,10 @@ the class's methods are untouched, ``modeling/`` knows nothing of it). ``stats()
 while another thread runs the model it returns the figures as of that model's last finished
 ``generate`` (``"snapshot": True``); ``reset_stats()`` waits its turn. For parallel requests load
 one model per thread (each gets its own slot pool), or queue them as ``oled-moe serve`` does.
+
+Placement: the dtype and device are fixed at load. ``model._apply`` (what ``.to``, ``.half``,
+``.float``, ``.cuda`` call) is wrapped on the instance too (:class:`_FixedPlacement`): a call that
+would change them raises, naming how to load the model instead; one that changes nothing runs.
 """
 
 from __future__ import annotations
@@ -71,10 +75,53 @@ class _Serialised:
             return result
 
 
+class _FixedPlacement:
+    """``model._apply`` of an offloaded model: refuses ``.to``/``.half``/``.float``/``.cuda`` that would move it.
+
+    ``nn.Module.to``, ``half``, ``float``, ``cuda``, ``cpu`` all go through ``_apply(fn)``, which
+    converts parameters and buffers only: the routed experts live outside the modules (the
+    ExpertStore on the host and the device slot pool), so a converted model would multiply
+    float16 hidden states with float32 expert slots (``expected m1 and m2 to have the same
+    dtype``) or read slots on a device it left. Converting the store would copy every expert
+    (and defeat the zero-copy mmap store), so the dtype and device are fixed at load and a call
+    that would change them raises before anything is converted; the model keeps working as it
+    was. A call that changes nothing (``model.to(model.device)``, as ``pipeline()`` does) runs.
+
+    What ``fn`` would do is probed on an empty tensor of each (dtype, device) the model holds.
+    A device change of any tensor is refused, and a dtype change of the experts' dtype; other
+    dtypes (a float32 router bias beside bfloat16 weights) convert as they would resident.
+    """
+
+    def __init__(self, method, model, store_dtype: torch.dtype, device: torch.device) -> None:
+        self.method, self.model, self.store_dtype, self.device = method, model, store_dtype, device
+
+    def __call__(self, fn, *args, **kwargs):
+        tensors = [*self.model.parameters(), *self.model.buffers()]
+        for dtype, device in sorted({(t.dtype, t.device) for t in tensors}, key=str):
+            out = fn(torch.empty(0, dtype=dtype, device=device))
+            if not isinstance(out, torch.Tensor):
+                continue
+            recast = dtype == self.store_dtype and out.dtype != dtype
+            if out.device != device or recast:
+                wanted = out.dtype if recast else self.store_dtype
+                hint = ("the meta device holds no weights to run: keep the model as loaded"
+                        if out.device.type == "meta" else
+                        f"load it as you want it instead: from_pretrained(path, dtype={wanted}, "
+                        f"device_map={str(out.device)!r}, offload_config=...)")
+                raise ValueError(
+                    f"an offloaded model's dtype and device are fixed at load: this call would turn its "
+                    f"{dtype} weights on {device} into {out.dtype} on {out.device}, but its routed experts "
+                    f"(the expert store, {self.store_dtype}, and the slot pool on {self.device}) are not "
+                    f"modules and do not follow; the model is unchanged; {hint}"
+                )
+        return self.method(fn, *args, **kwargs)
+
+
 class OffloadRuntime(IterationObserver):
     """The offload machinery of one loaded model; one call at a time (``lock``, see the module doc)."""
 
-    def __init__(self, model, config: OffloadConfig, store: ExpertStore, device: torch.device):
+    def __init__(self, model, config: OffloadConfig, store: ExpertStore, device: torch.device,
+                 total_slots: int | None = None):
         cfg = model.config
         self.config = config
         # Held for a whole generate and for each direct forward: re-entrant, since generate's
@@ -82,13 +129,16 @@ class OffloadRuntime(IterationObserver):
         self.lock = threading.RLock()
         self.store = store
         self.num_layers, self.num_experts = cfg.num_moe_layers, cfg.num_experts
-        self.total_slots = config.resolve_slots(self.num_layers, self.num_experts)
+        # total_slots: from attach_offload, which sized it against the device before reading experts
+        self.total_slots = total_slots if total_slots is not None else config.resolve_slots(
+            self.num_layers, self.num_experts, expert_bytes=store.expert_bytes)
         self.cache = ExpertCache(store, self.total_slots, device)
         self.cost_model = self._cost_model(cfg)
         # "auto" decided by the device: off where the experts' device is the CPU (resolve_cpu_compute)
         self.cpu_compute = resolve_cpu_compute(config.cpu_compute, accelerator=self.cache.cuda)
         plan_config = config if self.cpu_compute != "off" else dataclasses.replace(config, cpu_compute="off")
-        self.controller = CacheController(plan_config, self.num_layers, self.num_experts, self.cost_model)
+        self.controller = CacheController(plan_config, self.num_layers, self.num_experts, self.cost_model,
+                                          total_slots=self.total_slots)
         # CPU misses run in a worker thread beside the device work; on a CPU-only machine inline
         # (the "device" is the same cores), unless a test turns the overlap path on.
         self.overlap_cpu = self.cache.cuda
@@ -117,6 +167,7 @@ class OffloadRuntime(IterationObserver):
         self._take_snapshot()  # what another thread's stats() sees until the first generate ends
         model.generate = _Serialised(self.lock, model.generate, after=self._take_snapshot)
         model.forward = _Serialised(self.lock, model.forward)
+        model._apply = _FixedPlacement(model._apply, model, store.dtype, self.cache.device)
 
     def _take_snapshot(self) -> None:
         """Keep the current figures for other threads' ``stats()`` (called under the lock)."""
@@ -229,6 +280,11 @@ def attach_offload(model, config: OffloadConfig, checkpoint_files: list[str], dt
     cfg = model.config
     layer_ids = [block.layer_idx for block in model.moe_blocks()]
     weight_dtype = dtype or next(model.parameters()).dtype
+    dtype_bytes = torch.empty((), dtype=weight_dtype).element_size()
+    block_length = getattr(getattr(model, "generation_config", None), "block_length", None)
+    # the budget first: a refused one (cache_ratio="auto" without CUDA, a pool larger than the free
+    # device memory) is reported before the store reads any expert
+    total_slots = config.resolve_device_slots(cfg, dtype_bytes, model.device, block_length)
     store = ExpertStore.from_safetensors([str(f) for f in checkpoint_files], layer_ids, cfg.num_experts,
                                          cfg.hidden_size, cfg.moe_intermediate_size, weight_dtype, config.store)
-    return OffloadRuntime(model, config, store, model.device)
+    return OffloadRuntime(model, config, store, model.device, total_slots)
