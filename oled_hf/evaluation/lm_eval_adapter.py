@@ -69,10 +69,11 @@ def load_model(pretrained: str, *, device: str | None = None, dtype="auto", offl
     kwargs: dict = {"dtype": _dtype(dtype)}
     offload = dict(offload or {})
     if offload:
-        if offload.get("cache_size") is None and offload.get("cache_ratio") is None:
+        if all(offload.get(k) is None for k in ("cache_size", "cache_ratio", "max_gpu_memory")):
             raise ValueError(
-                f"offload options {sorted(offload)} need a budget: add cache_size=N (slots per MoE layer) "
-                "or cache_ratio=R (fraction of routed-expert bytes) to --model-args"
+                f"offload options {sorted(offload)} need a budget: add cache_size=N (slots per MoE layer), "
+                "cache_ratio=R (fraction of routed-expert bytes; cache_ratio=auto sizes it from free GPU memory) "
+                "or max_gpu_memory=20GiB to --model-args"
             )
         kwargs["offload_config"] = oled_hf.OffloadConfig(**offload)
     if device and device.startswith("cuda") and not torch.cuda.is_available():

@@ -96,6 +96,8 @@ def test_bad_model_args_are_named(tiny_path):
         OledLLaDA2LM(pretrained=str(tiny_path), bogus=1)
     with pytest.raises(ValueError, match="need a budget"):
         OledLLaDA2LM(pretrained=str(tiny_path), policy="lru")
+    sized = OledLLaDA2LM(pretrained=str(tiny_path), max_gpu_memory="1MiB", policy="lru")  # lm-eval passes it as text
+    assert sized.get_model_info()["offload_config"]["max_gpu_memory"] == "1MiB"
     with pytest.raises(ValueError, match="mc_attention"):
         OledLLaDA2LM(pretrained=str(tiny_path), mc_attention="diagonal")
 
