@@ -11,16 +11,18 @@ import argparse
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TextIO
 
-from .common import add_model_arguments, resolve_model, standalone
+from ..serve.options import add_serving_model_arguments, loading_problem, max_model_len_problem, model_argument
+from .common import resolve_model, standalone
 
 PROMPT = ">>> "
 HELP = """commands:
   /help    show this help
   /clear   forget the conversation and start over
   /stats   the last reply's figures and the expert cache's (hit rate, bytes copied, CPU share);
-           /stats layers adds one row per MoE layer
+           /stats layers adds one row per MoE layer (numbered as the model's decoder layers, from 1)
   /exit    quit (also /quit, Ctrl-D, or the end of piped input)
 anything else is sent to the model as your next message"""
 
@@ -33,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    add_model_arguments(p)
+    add_serving_model_arguments(p)
     p.add_argument("--max-tokens", type=int, default=256, help="most tokens per reply")
     p.add_argument("--system", default=None, help="system prompt (default: none)")
     p.set_defaults(func=chat)
@@ -41,8 +43,11 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 class ChatSession:
     def __init__(self, model, tokenizer, max_tokens: int, block_length: int | None, threshold: float | None,
-                 system: str | None = None, out=None):
+                 system: str | None = None, out=None, max_model_len: int | None = None):
         self.model, self.tokenizer, self.max_tokens = model, tokenizer, max_tokens
+        self.context = int(model.config.max_position_embeddings)
+        if max_model_len is not None:
+            self.context = min(self.context, int(max_model_len))
         self.block_length, self.threshold, self.system = block_length, threshold, system
         self.out = out or sys.stdout
         self.history: list[dict[str, str]] = []
@@ -68,11 +73,11 @@ class ChatSession:
         prompt_len = int(inputs["input_ids"].shape[1])
         gen = getattr(self.model, "generation_config", None)
         block = self.block_length or getattr(gen, "block_length", None) or 32
-        context = int(self.model.config.max_position_embeddings)
+        context = self.context
         room = context // block * block - prompt_len
         if room < 1:
-            raise ValueError(f"the conversation ({prompt_len} tokens) fills the model's context of {context} "
-                             "tokens; /clear to start over")
+            raise ValueError(f"the conversation ({prompt_len} tokens) fills the context of {context} tokens "
+                             "(the model's, or --max-model-len); /clear to start over")
 
         def show(text: str) -> None:
             self.out.write(text)
@@ -114,9 +119,13 @@ class ChatSession:
                 ("forwards", str(total["forwards"]))]
         lines += [f"  {name:<14}{value}" for name, value in rows]
         if per_layer:
-            lines.append("  layer  slots  hit rate  MiB copied  CPU expert-tokens")
-            lines += [f"  {r['layer']:>5}  {r['capacity']:>5}  {r['hit_rate']:>8.3f}  "
-                      f"{r['bytes_copied'] / 2**20:>10.2f}  {r['cpu_expert_tokens']:>17}" for r in stats["layers"]]
+            from ..serve.metrics import moe_layer_numbers
+
+            numbers = moe_layer_numbers(self.model.config, len(stats["layers"]))
+            lines.append("  layer  slots  hit rate  MiB copied  CPU expert-tokens   (layer: decoder layer, from 1)")
+            lines += [f"  {n:>5}  {r['capacity']:>5}  {r['hit_rate']:>8.3f}  "
+                      f"{r['bytes_copied'] / 2**20:>10.2f}  {r['cpu_expert_tokens']:>17}"
+                      for n, r in zip(numbers, stats["layers"])]
         else:
             lines.append("  (/stats layers: per MoE layer)")
         return "\n".join(lines)
@@ -177,11 +186,20 @@ def chat(args: argparse.Namespace) -> int:
         raise ValueError(f"--block-length {args.block_length} is invalid: must be at least 1")
     if args.threshold is not None and not 0.0 <= args.threshold <= 1.0:
         raise ValueError(f"--threshold {args.threshold} is invalid: must be between 0 and 1")
-    path = str(resolve_model(args.model))
-    model, tokenizer = load_model(path, device=args.device, cache_size=args.cache_size, policy=args.policy)
-    session = ChatSession(model, tokenizer, args.max_tokens, args.block_length, args.threshold, args.system)
+    problem = loading_problem(args)
+    if problem:
+        raise ValueError(problem)
+    path = str(resolve_model(model_argument(args)))
+    problem = max_model_len_problem(Path(path), args.max_model_len)
+    if problem:
+        raise ValueError(problem)
+    model, tokenizer = load_model(path, device=args.device, cache_size=args.cache_size, policy=args.policy,
+                                  cache_ratio=args.cache_ratio, dtype=args.dtype)
+    session = ChatSession(model, tokenizer, args.max_tokens, args.block_length, args.threshold, args.system,
+                          max_model_len=args.max_model_len)
     interactive = sys.stdin.isatty()
-    print(f"loaded {path} on {model.device} (offloading {'on' if args.cache_size else 'off'}); /help for commands",
+    offloading = args.cache_size is not None or args.cache_ratio is not None
+    print(f"loaded {path} on {model.device} (offloading {'on' if offloading else 'off'}); /help for commands",
           file=sys.stderr, flush=True)
     if session.single_turn:
         print("note: this model was trained on single-turn prompts (oled_single_turn in its config.json): "

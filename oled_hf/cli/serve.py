@@ -6,8 +6,10 @@ import argparse
 import os
 import sys
 
+from ..serve.engine import DEFAULT_BATCH_WAIT_MS, DEFAULT_MAX_BATCH_SIZE, batching_problem
 from ..serve.guard import is_loopback
-from .common import add_model_arguments, resolve_model, served_model_name, standalone
+from ..serve.options import add_serving_model_arguments, loading_problem, max_model_len_problem, model_argument
+from .common import resolve_model, served_model_name, standalone
 
 API_KEY_ENV = "OLED_MOE_API_KEY"
 
@@ -20,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    add_model_arguments(p)
+    add_serving_model_arguments(p)
     p.add_argument("--served-model-name", default=None,
                    help="model name clients use (default: the config's oled_model_name, else the folder name)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
@@ -31,6 +33,10 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help=f"require 'Authorization: Bearer KEY' on /v1 and /metrics (default: ${API_KEY_ENV})")
     p.add_argument("--max-queue", type=int, default=16,
                    help="requests allowed to wait for the model; more are answered 429 at once")
+    p.add_argument("--max-batch-size", type=int, default=DEFAULT_MAX_BATCH_SIZE,
+                   help="most requests decoded together in one generate (1: one at a time)")
+    p.add_argument("--batch-wait-ms", type=float, default=DEFAULT_BATCH_WAIT_MS,
+                   help="how long the oldest waiting request waits for others to share its batch, in milliseconds")
     p.add_argument("--insecure", action="store_true",
                    help="allow a non-loopback --host without --api-key")
     p.add_argument("--allowed-hosts", type=split_hosts, default=[], metavar="NAMES",
@@ -96,6 +102,9 @@ def check_options(args: argparse.Namespace) -> str | None:
         return f"--port {args.port} is invalid: must be in 0..65535"
     if args.max_queue < 1:
         return f"--max-queue {args.max_queue} is invalid: must be at least 1"
+    problem = batching_problem(args.max_batch_size, args.batch_wait_ms) or loading_problem(args)
+    if problem:
+        return problem
     if args.default_max_tokens < 1:
         return f"--default-max-tokens {args.default_max_tokens} is invalid: must be at least 1"
     if args.block_length is not None and args.block_length < 1:
@@ -136,19 +145,27 @@ def serve(args: argparse.Namespace) -> int:
 
     from ..serve.engine import Engine, load_model
 
-    path = str(resolve_model(args.model))
+    path = str(resolve_model(model_argument(args)))
+    problem = max_model_len_problem(Path(path), args.max_model_len)
+    if problem:
+        print(f"oled-moe serve: error: {problem}", file=sys.stderr)
+        return 2
     name = args.served_model_name or served_model_name(Path(path))
-    model, tokenizer = load_model(path, device=args.device, cache_size=args.cache_size, policy=args.policy)
+    model, tokenizer = load_model(path, device=args.device, cache_size=args.cache_size, policy=args.policy,
+                                  cache_ratio=args.cache_ratio, dtype=args.dtype)
     limits = limits_from(args)
     engine = Engine(model, tokenizer, max_queue=args.max_queue, default_max_tokens=args.default_max_tokens,
-                    block_length=args.block_length, threshold=args.threshold, request_timeout=limits.request_timeout)
+                    block_length=args.block_length, threshold=args.threshold, request_timeout=limits.request_timeout,
+                    max_batch_size=args.max_batch_size, batch_wait_ms=args.batch_wait_ms,
+                    max_model_len=args.max_model_len)
     app = create_app(engine, name, api_key=args.api_key, limits=limits, host=args.host,
                      allowed_hosts=args.allowed_hosts)
     warning = insecure_warning(args)
     if warning:
         print(warning, file=sys.stderr, flush=True)
-    offload = "on" if args.cache_size is not None else "off"
-    print(f"oled-moe serve: model '{name}' from {path} on {model.device} (offloading {offload}); "
+    offload = "on" if args.cache_size is not None or args.cache_ratio is not None else "off"
+    print(f"oled-moe serve: model '{name}' from {path} on {model.device} (offloading {offload}; batches of up to "
+          f"{engine.max_batch_size}, {engine.context_length} tokens per request); "
           f"OpenAI API at http://{args.host}:{args.port}/v1"
           f"{' (API key required)' if args.api_key else ''}", file=sys.stderr, flush=True)
     try:

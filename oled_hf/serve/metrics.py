@@ -15,6 +15,19 @@ TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
 
 
+def moe_layer_numbers(config, count: int | None = None) -> list[int]:
+    """The decoder-layer number (1-based, as in ``model.layers[n - 1]``) of each MoE layer, in order.
+
+    The offload runtime counts MoE layers from 0; the first ``first_k_dense_replace`` decoder layers
+    are dense, so the toy's three MoE layers are decoder layers 2, 3 and 4. Every per-layer figure
+    a user reads (``/stats layers``, ``/metrics``) names layers this way, so the numbers agree.
+    """
+    dense = int(getattr(config, "first_k_dense_replace", 0) or 0)
+    if count is None:
+        count = int(getattr(config, "num_hidden_layers", dense)) - dense
+    return [dense + i + 1 for i in range(count)]
+
+
 def offload_figures(model) -> dict[str, Any] | None:
     """``hit_rate``, ``bytes_copied``, ``cpu_expert_tokens`` (and ``layer_hit_rates`` when given) from
     ``model.offload_stats()``; None when the model is not offloaded."""

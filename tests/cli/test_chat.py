@@ -73,8 +73,11 @@ def test_stats_with_offloading(tiny_path):
                          "  CPU share     0.000  (0 CPU expert-tokens)", f"  forwards      {total['forwards']}",
                          "  (/stats layers: per MoE layer)"]
     layers = session.stats(per_layer=True).splitlines()[6:]
-    assert layers[0] == "  layer  slots  hit rate  MiB copied  CPU expert-tokens"
-    assert len(layers) == 1 + model.config.num_moe_layers and layers[1].split()[:2] == ["0", "4"]
+    assert layers[0] == "  layer  slots  hit rate  MiB copied  CPU expert-tokens   (layer: decoder layer, from 1)"
+    # MoE layers are numbered as the model's decoder layers (from 1), past the dense ones, not 0, 1, 2
+    first = model.config.first_k_dense_replace + 1
+    assert len(layers) == 1 + model.config.num_moe_layers and layers[1].split()[:2] == [str(first), "4"]
+    assert [int(row.split()[0]) for row in layers[1:]] == list(range(first, model.config.num_hidden_layers + 1))
 
 
 def test_chat_with_the_default_toy_answers_every_message():

@@ -31,15 +31,63 @@ def test_serve_reports_missing_model(capsys, tmp_path):
     assert "no such folder" in capsys.readouterr().err
 
 
+def test_serve_refuses_bad_loading_and_batching_options_before_loading(capsys, tiny_path):
+    """Issue 27 item 5: one line on stderr, exit 2, naming the flag, before any weight is read."""
+    from oled_hf.cli import chat, serve
+
+    cases = [
+        (["--policy", "prefetch", "--cache-size", "4"], "'prefetch' works only in trace replay"),
+        (["--policy", "moe-infinity", "--cache-ratio", "0.5"], "'moe-infinity' works only in trace replay"),
+        (["--cache-size", "4", "--cache-ratio", "0.5"], "--cache-size and --cache-ratio both given"),
+        (["--cache-ratio", "1.5"], "--cache-ratio 1.5 is invalid: must be more than 0 and at most 1"),
+        (["--policy", "lru"], "--policy needs --cache-size or --cache-ratio"),
+        (["--max-model-len", "5000"], "--max-model-len 5000 is more than the model's max_position_embeddings of 4096"),
+        (["--max-model-len", "0"], "--max-model-len 0 is invalid"),
+        (["--dtype", "int8"], "argument --dtype: invalid choice: 'int8'"),
+        (["--model", "elsewhere"], f"the model is given twice: MODEL {tiny_path} and --model elsewhere"),
+    ]
+    for command in (serve, chat):
+        for extra, message in cases:
+            try:
+                code = command.main([str(tiny_path), *extra])
+            except SystemExit as exit_:  # argparse's own errors
+                code = exit_.code
+            err = capsys.readouterr().err
+            assert code == 2 and message in err, (command.__name__, extra, err)
+            assert "Loading weights" not in err
+    for extra, message in [(["--max-batch-size", "0"], "--max-batch-size 0 is invalid"),
+                           (["--batch-wait-ms", "-1"], "--batch-wait-ms -1 is invalid")]:
+        assert serve.main([str(tiny_path), *extra]) == 2
+        assert message in capsys.readouterr().err
+
+
+def test_live_commands_offer_only_live_policies(capsys):
+    from oled_hf.cli import chat, serve
+    from oled_hf.serve.options import LIVE_POLICIES
+
+    assert LIVE_POLICIES == ("lfu", "lru", "oled", "static", "tide")
+    for command in (serve, chat):
+        try:
+            command.main(["--help"])
+        except SystemExit:
+            pass
+        text = " ".join(capsys.readouterr().out.split())
+        assert "--policy {lfu,lru,oled,static,tide}" in text and "work only in trace replay" in text
+        assert "--cache-ratio RATIO" in text and "--dtype {auto,float32,bfloat16,float16}" in text
+        assert "--max-model-len TOKENS" in text and "[MODEL]" in text
+
+
 def test_serve_command_starts_and_stops(tiny_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.Popen([sys.executable, "-m", "oled_hf.cli.serve", "--model", str(tiny_path), "--port",
+    # the model as vllm takes it (positional), offloaded by ratio, in an explicit dtype, with a length limit
+    proc = subprocess.Popen([sys.executable, "-m", "oled_hf.cli.serve", str(tiny_path), "--port",
                              str(port), "--block-length", "8", "--default-max-tokens", "8", "--log-level", "warning",
-                             "--served-model-name", "tiny-cli"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                             "--served-model-name", "tiny-cli", "--cache-ratio", "0.5", "--dtype", "float32",
+                             "--max-model-len", "64", "--max-batch-size", "4", "--policy", "lru"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -52,8 +100,14 @@ def test_serve_command_starts_and_stops(tiny_path):
         body = {"model": "tiny-cli", "prompt": "hello"}
         r = httpx.post(f"{url}/v1/completions", json=body, trust_env=False, timeout=60)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8
+        too_long = httpx.post(f"{url}/v1/completions", json={**body, "max_tokens": 64}, trust_env=False, timeout=60)
+        assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "context_length_exceeded"
+        assert "the context is 64 tokens" in too_long.json()["error"]["message"]
+        stats = httpx.get(f"{url}/metrics", trust_env=False).text
+        assert "oled_offload_enabled 1" in stats
     finally:
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     assert f"OpenAI API at http://127.0.0.1:{port}/v1" in err
+    assert "offloading on; batches of up to 4, 64 tokens per request" in err

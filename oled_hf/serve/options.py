@@ -1,0 +1,95 @@
+"""Loading options that ``serve`` and ``chat`` share on top of ``cli.common.add_model_arguments``.
+
+As ``vllm serve MODEL`` does, the model may be given positionally (``--model`` is kept); ``--dtype``,
+``--cache-ratio`` and ``--max-model-len`` are added; ``--policy`` offers only the retention
+policies that act in a live ``generate``: ``prefetch`` and ``moe-infinity`` copy experts ahead from
+a routing trace's future, which only trace replay (``oled-moe trace replay``) has, so a live model
+would silently run plain LRU under their names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ..offload.config import KNOWN_POLICIES
+
+REPLAY_ONLY_POLICIES = ("moe-infinity", "prefetch")
+LIVE_POLICIES = tuple(p for p in KNOWN_POLICIES if p not in REPLAY_ONLY_POLICIES)
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def live_policy(value: str) -> str:
+    """argparse type for ``--policy`` on live commands: a live policy, or an error saying where the others work."""
+    if value in LIVE_POLICIES:
+        return value
+    if value in REPLAY_ONLY_POLICIES:
+        raise argparse.ArgumentTypeError(
+            f"'{value}' works only in trace replay (oled-moe trace replay), where the routing of later layers is "
+            f"known; live policies: {', '.join(LIVE_POLICIES)}")
+    raise argparse.ArgumentTypeError(f"unknown policy '{value}'; live policies: {', '.join(LIVE_POLICIES)}")
+
+
+def add_serving_model_arguments(p: argparse.ArgumentParser, max_model_len: bool = True) -> None:
+    """``cli.common``'s model options, the model as an optional positional, and the loading flags below."""
+    from ..cli.common import add_model_arguments
+
+    add_model_arguments(p)
+    p.add_argument("model_path", nargs="?", default=None, metavar="MODEL",
+                   help="checkpoint folder, as with --model (give one or the other)")
+    policy = next((a for a in p._actions if a.dest == "policy"), None)
+    if policy is None:
+        p.add_argument("--policy", default=None, type=live_policy)
+        policy = p._actions[-1]
+    policy.choices, policy.type = None, live_policy
+    policy.metavar = "{" + ",".join(LIVE_POLICIES) + "}"
+    policy.help = ("expert-cache retention policy (with --cache-size or --cache-ratio; default: oled); "
+                   f"{' and '.join(REPLAY_ONLY_POLICIES)} work only in trace replay")
+    p.add_argument("--cache-ratio", type=float, default=None, metavar="RATIO",
+                   help="offload experts, keeping this fraction (0 < RATIO <= 1) of the routed-expert bytes on the "
+                        "device (default: off; give this or --cache-size)")
+    p.add_argument("--dtype", choices=DTYPES, default=None,
+                   help="dtype to load the weights in (default: the checkpoint's)")
+    if max_model_len:
+        p.add_argument("--max-model-len", type=int, default=None, metavar="TOKENS",
+                       help="most tokens (prompt + completion) one request may use; requests past it are refused "
+                            "(default and maximum: the model's max_position_embeddings)")
+
+
+def model_argument(args: argparse.Namespace) -> str | None:
+    """The model folder from ``MODEL`` or ``--model``; a ValueError when both are given and differ."""
+    positional, flag = getattr(args, "model_path", None), getattr(args, "model", None)
+    if positional is not None and flag is not None and positional != flag:
+        raise ValueError(f"the model is given twice: MODEL {positional} and --model {flag}; give one")
+    return positional if positional is not None else flag
+
+
+def loading_problem(args: argparse.Namespace) -> str | None:
+    """Why these loading options cannot work together, or None (checked before anything is loaded)."""
+    if args.cache_size is not None and args.cache_ratio is not None:
+        return "--cache-size and --cache-ratio both given: pass one (expert slots per MoE layer, or a fraction of " \
+               "the expert bytes)"
+    if args.cache_size is not None and args.cache_size < 1:
+        return f"--cache-size {args.cache_size} is invalid: must be at least 1 expert slot per MoE layer"
+    if args.cache_ratio is not None and not 0.0 < args.cache_ratio <= 1.0:
+        return f"--cache-ratio {args.cache_ratio:g} is invalid: must be more than 0 and at most 1"
+    if args.policy is not None and args.cache_size is None and args.cache_ratio is None:
+        return "--policy needs --cache-size or --cache-ratio (the policy decides what the expert cache keeps)"
+    limit = getattr(args, "max_model_len", None)
+    if limit is not None and limit < 1:
+        return f"--max-model-len {limit} is invalid: must be a positive number of tokens"
+    return None
+
+
+def max_model_len_problem(path: Path, max_model_len: int | None) -> str | None:
+    """``--max-model-len`` against the checkpoint's ``max_position_embeddings`` (config.json, read before loading)."""
+    if max_model_len is None:
+        return None
+    from .engine import max_model_len_problem as problem
+
+    try:
+        context = json.loads((Path(path) / "config.json").read_text()).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return None  # loading will say what is wrong with the checkpoint
+    return problem(max_model_len, int(context)) if isinstance(context, int) else None
