@@ -29,6 +29,7 @@ Speed (``eval/replay_speed.py``, LLaDA2.0-mini scale, one busy CPU core): ~0.13 
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -310,9 +311,11 @@ def replay(
                         pr = pred_ids[l + 1]
                         pc = np.bincount(pr[pr >= 0].reshape(-1).astype(np.int64), minlength=E)
                     budget = None
-                    if prefetcher.capped:  # copies that land before layer l+1 plans (its earliest need)
-                        issue_est = max(tl.copy_free, plan_ready)
-                        budget = max(int((lt.end + nonexpert - issue_est) // cm.copy_time()), 0)
+                    if prefetcher.capped:
+                        # predicted benefit: a prefetch pays only if its copy starts before layer l+1 plans
+                        # (where its demand copy would start); later ones would be overtaken anyway
+                        window = lt.end + nonexpert - max(tl.copy_free, plan_ready)
+                        budget = max(math.ceil(window / cm.copy_time()), 0)
                     want = prefetcher.prefetch_for(l + 1, pc, ctrl.capacities[l + 1], budget)
                     pf = ctrl.state.admit(l + 1, want, policy)
                     policy.on_admitted(l + 1, want, ctrl.clock)

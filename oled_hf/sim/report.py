@@ -212,8 +212,9 @@ def ablation_systems(base: ReportSystem, tuned_knobs: dict[str, Any]) -> list[tu
     """(c): the strongest fair baseline, then one part changed at a time towards oled.
 
     base -> + confidence retention (oled's policy, the base's prefetch/dispatch/allocation) ->
-    + layer-adaptive -> + reuse-aware compensation (dispatch cpu+reuse, oled's tuned knobs); and,
-    for the credit of retention alone, lru with oled's other parts (``lru-full``).
+    + layer-adaptive -> + reuse-aware compensation (dispatch cpu+reuse, oled's tuned knobs); for the
+    credit of retention alone, lru with the last row's other parts; then the same steps with oled's
+    dispatch (cpu+reuse) throughout, so that retention and allocation are measured on one dispatch.
     """
     b = parse_system(base.parts)
     b_knobs = {k: v for k, v in tuned_knobs.get(base.name, {}).items() if not k.startswith("retention.")}
@@ -228,11 +229,18 @@ def ablation_systems(base: ReportSystem, tuned_knobs: dict[str, Any]) -> list[tu
                 if not (kk.startswith("dispatch.") and system.dispatch != "cpu+reuse")}
         return system.with_knobs(**{kk.replace(".", "__", 1): v for kk, v in keep.items()})
 
+    d0 = System(b.retention, b.prefetch, "cpu+reuse", b.allocation)
+    d1 = System("oled", b.prefetch, "cpu+reuse", b.allocation)
+    d2 = System("oled", b.prefetch, "cpu+reuse", "adaptive")
+    both = {**b_knobs, **oled_knobs}
     return [(f"{base.name} (strongest fair baseline)", base.system(tuned_knobs.get(base.name))),
             ("+ confidence retention", k(s1, b_knobs)),
             ("+ layer-adaptive", k(s2, b_knobs)),
-            ("+ reuse-aware compensation", k(s3, {**b_knobs, **oled_knobs})),
-            ("(lru with the same parts as the last row)", k(ref, {**b_knobs, **oled_knobs}))]
+            ("+ reuse-aware compensation", k(s3, both)),
+            ("(lru with the same parts as the last row)", k(ref, both)),
+            (f"[on oled's dispatch] {base.name}'s retention", k(d0, {**tuned_knobs.get(base.name, {}), **oled_knobs})),
+            ("[on oled's dispatch] + confidence retention", k(d1, both)),
+            ("[on oled's dispatch] + layer-adaptive", k(d2, both))]
 
 
 # ---------------------------------------------------------------------- tables

@@ -12,9 +12,10 @@ prefetch yet: there a system with a prefetcher behaves as its other parts.
   experts, most tokens first, up to the layer's capacity, queue FIFO with demand copies. The
   speculative loading of Mixtral-offloading (arXiv 2312.17238) and Pre-gated MoE (2308.12066).
 * ``gate-capped`` (ProMoE-style, arXiv 2410.22134; HybriMoE's impact-driven prefetch, 2504.05897):
-  the same prediction, capped by predicted benefit: only as many as can land before layer l+1
-  needs them (replay passes that ``budget``: a later copy saves nothing over a demand copy), and
-  demand copies go first on the copy engine (a queued prefetch that has not started yields).
+  the same prediction, capped by predicted benefit: only as many as can start on the copy engine
+  before layer l+1 plans (replay passes that ``budget``: a copy starting later saves nothing over
+  its demand copy), and demand copies go first on the copy engine (a queued prefetch that has
+  not started yields).
 * ``matrix`` (``MatrixPrefetcher``, MoE-Infinity, arXiv 2401.14361): the request's expert
   activation matrix (tokens per layer and expert so far) is matched to the closest (cosine)
   matrix of a completed request; the experts of highest activation ratio in (current + matched),
