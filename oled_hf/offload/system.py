@@ -184,6 +184,26 @@ def system_of_legacy(policy: str, cpu_compute: str = "auto", layer_adaptive: boo
     return System(retention, prefetch, dispatch, "adaptive" if layer_adaptive else "uniform", knobs)
 
 
+def system_of_config(config: OffloadConfig) -> System:
+    """The system an OffloadConfig runs: its ``system`` string if it has one (a field still to be added
+    to OffloadConfig), else the legacy ``policy``/``cpu_compute``/``layer_adaptive`` fields.
+
+    ``cpu_compute="off"`` (what the live runtime passes where the device is the CPU) makes the
+    dispatch ``copy`` whatever the system says: on such a machine CPU compute saves nothing.
+    """
+    text = getattr(config, "system", None)
+    if text:
+        system = parse_system(text)
+        if config.cpu_compute == "off" and system.dispatch != "copy":
+            system = dataclasses.replace(system, dispatch="copy")
+        return system
+    system = system_of_legacy(config.policy, config.cpu_compute, config.layer_adaptive,
+                              int(config.oled_background_copies))
+    if system.dispatch == "cpu+reuse" and float(config.oled_background_min_reuse) != 1.0:
+        system = system.with_knobs(dispatch__reuse_min=float(config.oled_background_min_reuse))
+    return system
+
+
 def legacy_config_fields(system: System) -> dict[str, Any]:
     """OffloadConfig fields that express as much of the system as a config can (the rest is installed)."""
     policy = system.retention if system.retention in _CONFIG_POLICIES else "lru"

@@ -92,3 +92,18 @@ def test_a_believed_cost_model_changes_decisions_not_the_clock():
                    believed=CM.believed(cpu_scale=4.0))
     assert wrong.cpu_expert_tokens > truth.cpu_expert_tokens
     assert wrong.full_time_s == truth.full_time_s
+
+
+@pytest.mark.parametrize("policy, cpu, adaptive", [("oled", "on", True), ("lru", "off", False), ("tide", "auto", True)])
+def test_system_of_config_builds_what_the_controller_builds(policy, cpu, adaptive):
+    """What the controller will call once OffloadConfig has a ``system`` field: same plans as today."""
+    from oled_hf.offload.system import build_dispatcher, build_policy, system_of_config
+
+    config = OffloadConfig(cache_size=12, policy=policy, cpu_compute=cpu, layer_adaptive=adaptive)
+    legacy = _digest(CacheController(config, 3, 64, CM))
+    ctrl = CacheController(config, 3, 64, CM)
+    system = system_of_config(config)
+    ctrl.policy = build_policy(system, 3, 64, config)
+    ctrl.policy.set_capacities(ctrl.state.capacities)
+    ctrl.dispatcher = build_dispatcher(system, CM)
+    assert _digest(ctrl) == legacy
