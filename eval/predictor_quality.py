@@ -30,9 +30,10 @@ from oled_hf.sim import predictors as P  # noqa: E402
 from oled_hf.sim.trace import Trace, load_trace  # noqa: E402
 
 PROG = "predictor_quality.py"
+BY_POSITION = ("next-16 oracle", "next-oracle", "lru", "oled", "(g) + (h) + lru")
 LADDER_ORDER = ("MIN", "MIN+bypass", "next-oracle", "next-2 oracle", "next-4 oracle", "next-16 oracle",
                 "previous set", "lru", "lfu", "oled", "persisting (b) + lru", "weighted (c) + lru",
-                "periodic (f) + lru")
+                "periodic (f) + lru", "phase starts (g) + lru", "token memory (h) + lru", "(g) + (h) + lru")
 
 
 def slots_for(pct: float, num_experts: int) -> int:
@@ -97,6 +98,9 @@ def analyse(trace: Trace, table: P.PersistenceTable, capacities: list[int], oled
                              if cs.only[:, c].sum() else None}
                        for c, lab in enumerate(cs.labels)},
         "set_rate_without_event": own.set_rate().tolist(),
+        "return_ages": {"labels": P.age_labels(), "per_position": dict(zip(P.POSITIONS, P.return_ages(acc).tolist())),
+                        "returns": int((acc.sets[:, 1:] & ~acc.sets[:, :-1]).sum()),
+                        "requests": int(acc.sets.sum()), "mean_set": float(acc.sets.sum(-1).mean())},
     }
 
 
@@ -116,22 +120,32 @@ def format_report(name: str, a: dict, dev_rates: dict) -> str:
     out.append(_table(head, rows))
     out.append("MIN: Belady, demand paging (the bound of CPU-off caching); MIN+bypass: the bound `trace replay` "
                "prints (misses may skip the cache)")
-    head = ["hit rate by access position"] + [f"{p} @{c}" for c in caps for p in P.POSITIONS]
+    head = ["hit rate by access position"] + list(P.POSITIONS) + ["all"]
     rows = []
-    for n in ("MIN", "next-oracle", "lru", "oled"):
-        if (n, caps[0]) not in by or not by[(n, caps[0])]["per_position_hits"]:
-            continue
-        vals = []
-        for c in caps:
-            r = by[(n, c)]
-            vals += [_fmt(h / q if q else float("nan")) for h, q in zip(r["per_position_hits"],
-                                                                      r["per_position_requests"])]
-        rows.append([n] + vals)
+    for c in caps:
+        for n in BY_POSITION:
+            r = by.get((n, c))
+            if r is None or not r["per_position_hits"]:
+                continue
+            rows.append([f"{n} @{c}"] + [_fmt(h / q if q else float("nan")) for h, q in
+                                         zip(r["per_position_hits"], r["per_position_requests"])]
+                        + [_fmt(r["hit_rate"])])
     if rows:
-        r0 = by[("lru", caps[0])]
-        rows.append(["share of requests"] + [_fmt(q / max(sum(r0["per_position_requests"]), 1))
-                                             for q in r0["per_position_requests"]] * len(caps))
+        q = by[("lru", caps[0])]["per_position_requests"]
+        rows.append(["share of requests"] + [_fmt(x / max(sum(q), 1)) for x in q] + ["1.000"])
         out.append(_table(head, rows))
+        out.append("positions are the access's own; next-16 oracle: within 0.2% of MIN (no per-access split)")
+    ages = a["return_ages"]
+    head = ["returns by age (target)"] + ages["labels"] + ["returns"]
+    rows = []
+    for p, v in ages["per_position"].items():
+        n = max(sum(v), 1)
+        rows.append([p] + [_fmt(x / n) for x in v] + [str(sum(v))])
+    tot = np.sum(list(ages["per_position"].values()), axis=0)
+    rows.append(["all"] + [_fmt(x / max(tot.sum(), 1)) for x in tot] + [str(int(tot.sum()))])
+    out.append(_table(head, rows))
+    out.append(f"returns: experts of S_t+1 not in S_t ({ages['returns']} of {ages['requests']} requests; "
+               f"mean |S_t| {ages['mean_set']:.1f}); age: accesses since their last use before S_t")
     head = ["predictor of S_t+1", "precision", "recall", "ret.recall"] + \
         [f"{p} P/R" for p in P.POSITIONS]
     rows = []

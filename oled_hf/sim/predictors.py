@@ -95,6 +95,7 @@ class Accesses:
     ids: list[np.ndarray]  # per forward: [L, T, k]
     row_class: list[np.ndarray | None]  # per forward: class code per row from its event, None without one
     num_classes: int = 0
+    row_token: list[np.ndarray | None] = field(default_factory=list)  # per forward: token id per row after it
 
 
 def accesses(trace: Trace, bins: tuple[float, ...] = CONFIDENCE_BINS) -> Accesses:
@@ -110,6 +111,7 @@ def accesses(trace: Trace, bins: tuple[float, ...] = CONFIDENCE_BINS) -> Accesse
     kind = a["fwd_kind"].astype(np.int64)
     seq, block, it = (a[k].astype(np.int64) for k in ("fwd_seq", "fwd_block", "fwd_iter"))
     row_class: list[np.ndarray | None] = [None] * F
+    row_token: list[np.ndarray | None] = [None] * F
     pending = None
     for op, i in trace.ops():
         if op == OP_FORWARD:
@@ -121,6 +123,7 @@ def accesses(trace: Trace, bins: tuple[float, ...] = CONFIDENCE_BINS) -> Accesse
                 row_class[pending] = token_classes(m, ev.confidence.numpy().reshape(-1),
                                                    ev.committed.numpy().reshape(-1),
                                                    ev.edited_or_none().numpy().reshape(-1), bins)
+                row_token[pending] = ev.token_ids.numpy().reshape(-1).astype(np.int64)
             pending = None
     denoise = kind == KINDS.index("denoise")
     same_next = np.zeros(F, dtype=bool)  # the next forward is a denoise of the same sequence and block
@@ -128,7 +131,7 @@ def accesses(trace: Trace, bins: tuple[float, ...] = CONFIDENCE_BINS) -> Accesse
     position = np.where(kind == KINDS.index("prefill"), 0, np.where(kind == KINDS.index("refresh"), 4,
                         np.where(it == 0, 1, np.where(same_next, 2, 3))))
     return Accesses(L, E, sets, counts, position.astype(np.int64), seq, block, kind, it, ids, row_class,
-                    MASKED + len(bins) - 1)
+                    MASKED + len(bins) - 1, row_token)
 
 
 # ---------------------------------------------------------------------------------------- priorities
@@ -298,6 +301,11 @@ def cache_ladder(trace: Trace, capacities: list[int], *, acc: Accesses | None = 
     pers_p = [predicted_set_priorities(pers[layer], lru[layer]) for layer in range(L)]
     periodic = periodic_sets(acc)
     per_p = [predicted_set_priorities(periodic[layer], lru[layer]) for layer in range(L)]
+    phase = phase_scores(acc)
+    phase_p = [predicted_set_priorities(phase[layer], lru[layer]) for layer in range(L)]
+    mem = token_memory_sets(acc)
+    mem_p = [predicted_set_priorities(mem[layer], lru[layer]) for layer in range(L)]
+    both_p = [predicted_set_priorities(np.maximum(mem[layer], phase[layer]), lru[layer]) for layer in range(L)]
     wt_p = None
     if table is not None:
         w = weighted_scores(acc, table)
@@ -320,6 +328,9 @@ def cache_ladder(trace: Trace, capacities: list[int], *, acc: Accesses | None = 
         if wt_p is not None:
             rows.append(_row("weighted (c) + lru", c, acc, lambda l: wt_p[l]))
         rows.append(_row("periodic (f) + lru", c, acc, lambda l: per_p[l]))
+        rows.append(_row("phase starts (g) + lru", c, acc, lambda l: phase_p[l]))
+        rows.append(_row("token memory (h) + lru", c, acc, lambda l: mem_p[l]))
+        rows.append(_row("(g) + (h) + lru", c, acc, lambda l: both_p[l]))
     return rows
 
 
@@ -406,6 +417,60 @@ def periodic_sets(acc: Accesses) -> np.ndarray:
     return out
 
 
+def token_memory_sets(acc: Accesses, top: int | None = None) -> np.ndarray:
+    """[L, F, E] predictor (h): (b), plus for each committed or edited row of access t the ``top``
+    (default k) experts its new token id routed to most often as a decoded row in earlier accesses
+    of the trace (counts per layer and token id, updated online after each access).
+
+    Why: a committed row's input changes from [MASK] to its token, so its own routes persist little;
+    what the same token routed to before is a better guess of where it goes next."""
+    out = persisting_sets(acc)
+    L, E = acc.num_layers, acc.num_experts
+    memory: list[dict[int, np.ndarray]] = [{} for _ in range(L)]
+    for t, cls in enumerate(acc.row_class):
+        tok = acc.row_token[t] if acc.row_token else None
+        if cls is None or tok is None:
+            continue
+        k = acc.ids[t].shape[-1]
+        n = top or k
+        moved = np.flatnonzero((cls == COMMITTED) | (cls == EDITED))
+        for layer in range(L):
+            for r in moved.tolist():
+                c = memory[layer].get(int(tok[r]))
+                if c is not None:
+                    out[layer, t, top_c(c, n) & (c > 0)] = True
+            for r in np.flatnonzero(cls == DECODED).tolist():
+                c = memory[layer].setdefault(int(tok[r]), np.zeros(E))
+                c[acc.ids[t][layer, r]] += 1.0
+    return out
+
+
+def phase_scores(acc: Accesses) -> np.ndarray:
+    """[L, F, E] predictor (g)'s score, made after access t for t+1 when t+1 starts a block or a
+    prompt (``first`` / ``prefill``; the decoder knows it is coming): the share of earlier accesses
+    at that position that used each expert. Zero before other targets."""
+    out = np.zeros(acc.sets.shape)
+    seen = {j: np.zeros((acc.num_layers, acc.num_experts)) for j in (0, 1)}
+    n = dict.fromkeys(seen, 0)
+    for t in range(len(acc.ids) - 1):
+        j = int(acc.position[t + 1])
+        if j in seen and n[j]:
+            out[:, t] = seen[j] / n[j]
+        if int(acc.position[t]) in seen:  # access t's own set joins its position's history
+            seen[int(acc.position[t])] += acc.sets[:, t]
+            n[int(acc.position[t])] += 1
+    return out
+
+
+def phase_sets(acc: Accesses) -> np.ndarray:
+    """[L, F, E] predictor (g) as a set: before a block/prompt start the experts that earlier starts
+    used at least half the time, else S_t."""
+    score = phase_scores(acc)
+    starts = np.isin(np.roll(acc.position, -1), (0, 1))
+    starts[-1] = False
+    return np.where(starts[None, :, None], score >= 0.5, acc.sets)
+
+
 def weighted_scores(acc: Accesses, table: PersistenceTable) -> np.ndarray:
     """[L, F, E] predictor (c): P(expert in the next set) = 1 - prod over its routes of (1 - q[class])."""
     q = np.clip(table.rate(), 0.0, 1.0 - 1e-9)
@@ -489,7 +554,9 @@ def predictor_quality(trace: Trace, table: PersistenceTable, capacities: list[in
            score_predictor("persisting (b)", persisting_sets(acc), acc),
            score_predictor("weighted>=0.5 (c)", w >= 0.5, acc),
            score_predictor("periodic (f)", per, acc),
-           score_predictor("previous | periodic", per | acc.sets, acc)]
+           score_predictor("previous | periodic", per | acc.sets, acc),
+           score_predictor("phase starts (g)", phase_sets(acc), acc),
+           score_predictor("persisting + token memory (h)", token_memory_sets(acc), acc)]
     lru = np.stack([lru_priorities(acc.counts[layer]) for layer in range(L)])
     lfu = np.stack([lfu_priorities(acc.counts[layer]) for layer in range(L)])
     ranked = {"lru": lru, "lfu": lfu, "weighted": BIG * w + lru}
@@ -497,10 +564,13 @@ def predictor_quality(trace: Trace, table: PersistenceTable, capacities: list[in
         oled = oled_priorities(trace)
     if oled.size:
         ranked["oled"] = oled
+    held = acc.sets * 1e12  # a demand cache holds S_t: "keep-C" ranks only the other experts
     for c in capacities:
         for name, prio in ranked.items():
             out.append(score_predictor(f"{name} top-{c} (d)" if name in ("lru", "lfu") else f"{name} top-{c}",
                                        top_c(prio, c), acc))
+        for name, prio in ranked.items():
+            out.append(score_predictor(f"{name} keep-{c}", top_c(held + prio, c), acc))
     return out
 
 
@@ -536,3 +606,34 @@ def class_sets(acc: Accesses, bins: tuple[float, ...] = CONFIDENCE_BINS) -> Clas
             only[layer] += alone.sum(1)
             only_next[layer] += (alone & nxt).sum(1)
     return ClassSets(class_labels(bins), used, used_next, only, only_next)
+
+
+AGE_EDGES = (1, 2, 4, 8, 16, 64)  # ages (accesses since last use) binned as 1, 2-3, 4-7, 8-15, 16-63, >= 64
+
+
+def age_labels(edges: tuple[int, ...] = AGE_EDGES) -> list[str]:
+    """Labels of :func:`return_ages`' bins: one per age range, then ``never`` (first use in the layer)."""
+    out = [f"{a}" if b - a == 1 else f"{a}-{b - 1}" for a, b in zip(edges[:-1], edges[1:])]
+    return out + [f">={edges[-1]}", "never"]
+
+
+def return_ages(acc: Accesses, edges: tuple[int, ...] = AGE_EDGES) -> np.ndarray:
+    """[positions, bins] count of returning experts (in S_{t+1}, not in S_t) per target position, by
+    age: t minus the access of their last use (age 1: used by access t-1), or ``never`` used before.
+
+    Why: a demand cache must hold S_t, so only returns are decided by retention; young returns are
+    what recency keeps, old ones need a longer-horizon value.
+    """
+    L, F, E = acc.sets.shape
+    last = np.full((L, E), -1)
+    out = np.zeros((len(POSITIONS), len(edges) + 1), dtype=np.int64)
+    for t in range(F - 1):
+        last[acc.sets[:, t]] = t
+        ret = acc.sets[:, t + 1] & ~acc.sets[:, t]
+        age = t - last[ret]  # >= 1: last use before t (t itself is excluded by ~S_t)
+        seen = last[ret] >= 0
+        b = np.searchsorted(edges, age[seen], side="right") - 1
+        j = int(acc.position[t + 1])
+        out[j, :len(edges)] += np.bincount(b, minlength=len(edges))
+        out[j, -1] += int((~seen).sum())
+    return out

@@ -7,7 +7,8 @@ hand in the comments.
     layer 0: S0={0,1,2,3}  S1={0,1,4}  S2={0,1,2,4}  S3={2,3,5}
     layer 1: S0={0,1,2}    S1={0,1,3}  S2={0,1,3}    S3={0,4,5}
     event 0: row 0 masked conf 0.5 (bin 0.40-0.60), row 1 committed
-    event 1: row 0 committed, row 1 decoded; event 3: both masked (conf 0.1, 0.3)
+    event 1: row 0 committed, row 1 decoded; event 3: row 0 committed, row 1 masked (conf 0.3)
+    token ids after each event: [0, 7], [9, 7], [7, 0]
 """
 
 import importlib.util
@@ -31,10 +32,10 @@ ROUTES = {  # forward -> per layer [row0, row1]
 }
 
 
-def _event(block, it, masked, conf, committed):
+def _event(block, it, masked, conf, committed, tokens):
     t = lambda x, d: torch.tensor([x], dtype=d)  # noqa: E731
     return IterationEvent(block, it, t(masked, torch.bool), t(conf, torch.float32), t(committed, torch.bool),
-                          torch.zeros(1, 2, dtype=torch.long), t([False, False], torch.bool))
+                          t(tokens, torch.long), t([False, False], torch.bool))
 
 
 def _forward(w, kind, block, it, i):
@@ -47,14 +48,14 @@ def trace():
     w = TraceWriter(2, 6, 2, 2, hidden_size=8, moe_intermediate_size=8)
     w.on_block_start(0, torch.zeros(1, 2, dtype=torch.long))
     _forward(w, "denoise", 0, 0, 0)
-    w.on_iteration(_event(0, 0, [True, True], [0.5, 0.97], [False, True]))
+    w.on_iteration(_event(0, 0, [True, True], [0.5, 0.97], [False, True], [0, 7]))
     _forward(w, "denoise", 0, 1, 1)
-    w.on_iteration(_event(0, 1, [True, False], [0.92, 1.0], [True, False]))
+    w.on_iteration(_event(0, 1, [True, False], [0.92, 1.0], [True, False], [9, 7]))
     _forward(w, "refresh", 0, 2, 2)
     w.on_block_end(0, torch.zeros(1, 2, dtype=torch.long))
     w.on_block_start(1, torch.zeros(1, 2, dtype=torch.long))
     _forward(w, "denoise", 1, 0, 3)
-    w.on_iteration(_event(1, 0, [True, True], [0.1, 0.3], [False, False]))
+    w.on_iteration(_event(1, 0, [True, True], [0.1, 0.3], [True, False], [7, 0]))
     return w.trace()
 
 
@@ -69,7 +70,8 @@ def test_accesses_positions_and_classes(acc):
     assert acc.row_class[0].tolist() == [masked_40, P.COMMITTED]
     assert acc.row_class[1].tolist() == [P.COMMITTED, P.DECODED]
     assert acc.row_class[2] is None  # a refresh has no event
-    assert acc.row_class[3].tolist() == [P.MASKED, P.MASKED + 1]
+    assert acc.row_class[3].tolist() == [P.COMMITTED, P.MASKED + 1]
+    assert acc.row_token[1].tolist() == [9, 7]
     assert [sorted(np.flatnonzero(s).tolist()) for s in acc.sets[0]] == [[0, 1, 2, 3], [0, 1, 4], [0, 1, 2, 4],
                                                                           [2, 3, 5]]
 
@@ -98,6 +100,31 @@ def test_periodic_predicts_a_block_start_by_the_previous_block_start(acc):
     q = P.score_predictor("f", P.periodic_sets(acc), acc)
     # t2 -> t3 (block 1, it0) predicted by S0: layer 0 {0,1,2,3} & {2,3,5} = 2, layer 1 {0,1,2} & {0,4,5} = 1
     assert (q.tp.sum(), q.pred.sum()) == (13, 20)
+
+
+def test_token_memory_adds_what_a_committed_token_routed_to_before(acc):
+    mem = P.token_memory_sets(acc)
+    # t3: row 0 commits token 7, which row 1 routed as a decoded row at t1 (layer 0 {4,1}, layer 1 {0,3});
+    # row 1 stays masked and keeps its own routes (layer 0 {2,5}, layer 1 {4,0})
+    assert np.flatnonzero(mem[0, 3]).tolist() == [1, 2, 4, 5] and np.flatnonzero(mem[1, 3]).tolist() == [0, 3, 4]
+    assert (mem[:, :3] == P.persisting_sets(acc)[:, :3]).all()  # no committed token seen decoded before t3
+
+
+def test_phase_predicts_a_block_start_from_earlier_starts(acc):
+    score = P.phase_scores(acc)
+    assert (score[:, 2] == acc.sets[:, 0]).all()  # made at the refresh, for block 1's first iteration
+    assert not score[:, [0, 1, 3]].any()
+    assert (P.phase_sets(acc)[:, 2] == acc.sets[:, 0]).all() and (P.phase_sets(acc)[:, 1] == acc.sets[:, 1]).all()
+
+
+def test_return_ages(acc):
+    ages = P.return_ages(acc)
+    assert P.age_labels() == ["1", "2-3", "4-7", "8-15", "16-63", ">=64", "never"]
+    last, refresh, first = (P.POSITIONS.index(p) for p in ("last", "refresh", "first"))
+    assert ages[last].tolist() == [0, 0, 0, 0, 0, 0, 2]  # expert 4 (layer 0) and 3 (layer 1): first use
+    assert ages[refresh].tolist() == [1, 0, 0, 0, 0, 0, 0]  # layer 0's expert 2, last used by t0 = t-1
+    assert ages[first].tolist() == [0, 1, 0, 0, 0, 0, 3]  # layer 0's 3 (used at t0, age 2); 5, 4, 5 new
+    assert ages.sum() == int((acc.sets[:, 1:] & ~acc.sets[:, :-1]).sum())
 
 
 def test_lru_top_c(acc):
@@ -131,7 +158,8 @@ def test_demand_cache_ladder_hand_values(trace, acc):
     # layer 0 LRU: t0 streams 0,1,2 then 3 evicts 0; t1 hits {1}; t2 hits {0,1,4}, 2 streams over 0; t3 hits {2}
     # layer 1 LRU: 0, 2, 3, 1.  The next-oracle keeps 0 at t0 (used at t1): layer 0 gets 0, 2, 3, 1
     expect = {"MIN": 12, "MIN+bypass": 12, "next-oracle": 12, "previous set": 11, "lru": 11, "lfu": 11,
-              "persisting (b) + lru": 12, "periodic (f) + lru": 11}
+              "persisting (b) + lru": 12, "periodic (f) + lru": 11, "phase starts (g) + lru": 11,
+              "token memory (h) + lru": 12, "(g) + (h) + lru": 12}
     assert {k: rows[k].hits for k in expect} == expect
     assert rows["lru"].per_layer_hits == [5, 6] and rows["lru"].requests == 26
     assert rows["next-oracle"].per_layer_hits == [6, 6]
