@@ -51,8 +51,12 @@ def prepare_checkpoint(src: str | os.PathLike, out: str | os.PathLike, family: s
     ``overwrite=True`` lets OUT be a folder that already holds files (a previous ``prepare`` of SRC,
     say): the names prepare writes are replaced there, links are replaced as links, and nothing they
     point to is written. OUT inside, around or equal to SRC is refused either way.
+
+    SRC may be a Hugging Face hub id (``inclusionAI/LLaDA2.0-mini[@REVISION]``): its snapshot in
+    the local HF cache is linked (downloaded first when online; offline, only the cache answers).
+    A folder of that spelling wins.
     """
-    src, out = Path(src).resolve(), Path(out).expanduser()
+    src, out = resolve_source(src), Path(out).expanduser()
     config = _read_source_config(src)
     family = detect_family(src, config) if family is None else check_family(family)
     config.pop("auto_map", None)
@@ -77,6 +81,17 @@ def prepare_checkpoint(src: str | os.PathLike, out: str | os.PathLike, family: s
         target.symlink_to(file)
     _write_generation_config(src, out, ours, family)
     return out
+
+
+def resolve_source(src: str | os.PathLike) -> Path:
+    """SRC as a folder (a hub id: its cache snapshot), or a ValueError naming SRC and what it is not."""
+    from .hub import EXAMPLE_ID, resolve_checkpoint
+
+    folder = resolve_checkpoint(src, "SRC")
+    if not folder.exists():
+        raise ValueError(f"SRC {src}: no such folder and not a Hugging Face hub id (ORG/NAME[@REVISION], "
+                         f"e.g. {EXAMPLE_ID})")
+    return folder.resolve()
 
 
 def linked_files(src: Path) -> list[Path]:

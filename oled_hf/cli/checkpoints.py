@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from ..checkpoints.families import FAMILIES
 from ..checkpoints.presets import PRESETS
@@ -25,7 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=make_tiny)
 
     p = sub.add_parser("prepare", help="link an official LLaDA2 checkpoint so it loads as oled-hf classes")
-    p.add_argument("src", help="official checkpoint folder (model_type llada2_moe)")
+    p.add_argument("src", help="official checkpoint folder (model_type llada2_moe), or its Hugging Face hub id "
+                               "ORG/NAME[@REVISION] (offline, HF_HUB_OFFLINE=1: from the local HF cache)")
     p.add_argument("out", help="output folder (config, model code, symlinks to SRC's weights)")
     p.add_argument("--family", choices=FAMILIES, default=None,
                    help="decoding defaults (default: llada2.1 when SRC's name says LLaDA2.1, else llada2.0)")
@@ -50,8 +52,10 @@ def make_tiny(args: argparse.Namespace) -> int:
 
 
 def prepare(args: argparse.Namespace) -> int:
-    from ..checkpoints.prepare import prepare_checkpoint
+    from ..checkpoints.prepare import prepare_checkpoint, resolve_source
 
-    out = prepare_checkpoint(args.src, args.out, family=args.family, overwrite=args.overwrite)
-    print(f"prepared {out} (weights and tokenizer linked from {args.src})")
+    src = resolve_source(args.src)  # a hub id: its snapshot, resolved once
+    out = prepare_checkpoint(src, args.out, family=args.family, overwrite=args.overwrite)
+    where = args.src if Path(args.src).expanduser().resolve() == src else f"{args.src}, {src}"
+    print(f"prepared {out} (weights and tokenizer linked from {where})")
     return 0

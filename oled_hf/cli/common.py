@@ -50,10 +50,13 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                    help="confidence threshold to commit a token (default: the checkpoint's generation_config)")
 
 
+MODEL_HELP = ("checkpoint folder with config.json, or a Hugging Face hub id ORG/NAME[@REVISION] (offline, "
+              "HF_HUB_OFFLINE=1: from the local HF cache; a folder of the same name wins)")
+
+
 def add_model_argument(p: argparse.ArgumentParser) -> None:
-    """``--model``, the same for every subcommand: a checkpoint folder, the trained toy when omitted."""
-    p.add_argument("--model", default=None,
-                   help="checkpoint folder with config.json (default: the shipped trained toy model)")
+    """``--model``, the same for every subcommand: a checkpoint folder or hub id, the trained toy when omitted."""
+    p.add_argument("--model", default=None, help=f"{MODEL_HELP} (default: the shipped trained toy model)")
 
 
 def add_device_argument(p: argparse.ArgumentParser) -> None:
@@ -106,7 +109,9 @@ def resolve_model(model: str | os.PathLike | None, flag: str = "--model") -> Pat
 
     One resolver for every subcommand, so a wrong path reads the same everywhere and never reaches
     the hub client (whose "Repo id must use alphanumeric chars" says nothing about the folder).
-    Nothing is ever written here: a missing model is an error, not something to create.
+    A hub id (``ORG/NAME[@REVISION]``) that is not a local path becomes its snapshot folder in the
+    HF cache (``checkpoints.hub``: offline, only the cache answers), checked like any folder.
+    Nothing is ever written here but the hub's own cache: a missing model is an error.
     """
     if model is None:
         path = default_model_path()
@@ -116,34 +121,43 @@ def resolve_model(model: str | os.PathLike | None, flag: str = "--model") -> Pat
             raise ValueError(f"no {flag} given and the default toy checkpoint {path} is not built "
                              f"(python -m oled_hf.toy.train {path} trains it); pass {flag} PATH")
         return path
-    path = Path(model).expanduser()
+    from ..checkpoints.hub import resolve_checkpoint
+
+    path = resolve_checkpoint(model, flag)  # an id spelled ORG/NAME that is not cached raises there
     if not path.exists():
         raise ValueError(f"{flag} {model}: no such folder (give a checkpoint folder with config.json; {MAKE_ONE})")
+    shown = model if path == Path(model).expanduser() else f"{model} (hub snapshot {path})"
     if not path.is_dir():
-        raise ValueError(f"{flag} {model} is a file, not a checkpoint folder (one holding config.json)")
+        raise ValueError(f"{flag} {shown} is a file, not a checkpoint folder (one holding config.json)")
     config = path / "config.json"
     if not config.is_file():
-        raise ValueError(f"{flag} {model}: no config.json in that folder, so it is not a checkpoint ({MAKE_ONE})")
+        raise ValueError(f"{flag} {shown}: no config.json in that folder, so it is not a checkpoint ({MAKE_ONE})")
     model_type = _model_type(config)
     if not model_type:
-        raise ValueError(f"{flag} {model}: its config.json has no model_type, so Transformers cannot load it "
+        raise ValueError(f"{flag} {shown}: its config.json has no model_type, so Transformers cannot load it "
                          f"({MAKE_ONE})")
     if model_type == "llada2_moe":
-        raise ValueError(f"{flag} {model} is an official LLaDA2 checkpoint (model_type llada2_moe); "
+        raise ValueError(f"{flag} {shown} is an official LLaDA2 checkpoint (model_type llada2_moe); "
                          f"run `oled-moe prepare {model} OUT` and pass --model OUT")
     return path
 
 
 def served_model_name(path: Path) -> str:
-    """The name clients use for ``path``: its config's ``oled_model_name``, else the folder's name.
+    """The name clients use for ``path``: its config's ``oled_model_name``, else the hub id of a HF
+    cache snapshot, else the folder's name.
 
-    The shipped toy lives in a folder called ``checkpoint``, which says nothing to a client.
+    The shipped toy lives in a folder called ``checkpoint``, a snapshot in one named by its commit
+    hash: neither says anything to a client.
     """
+    from ..checkpoints.hub import hub_id_of
+
     try:
         name = json.loads((Path(path) / "config.json").read_text()).get("oled_model_name")
     except (OSError, ValueError, AttributeError):
         name = None
-    return name if isinstance(name, str) and name else Path(path).resolve().name
+    if isinstance(name, str) and name:
+        return name
+    return hub_id_of(path) or Path(path).resolve().name
 
 
 def _model_type(config: Path) -> str | None:
@@ -194,6 +208,9 @@ def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace, comma
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from ..progress import quiet_library_bars
+
+    quiet_library_bars(getattr(args, "quiet", False))  # no "Loading weights" bars in pipes or with --quiet
     try:
         return int(args.func(args) or 0)
     except user_error_types() as err:
