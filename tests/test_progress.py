@@ -75,3 +75,40 @@ def test_bench_generate_keeps_its_checkpoint_out_of_the_repository(monkeypatch, 
     monkeypatch.delenv("XDG_CACHE_HOME")
     assert bench.cache_dir() == Path.home() / ".cache" / "oled-hf"
     assert ROOT not in bench.cache_dir().parents
+
+
+def test_library_bars_go_only_by_the_same_rule(monkeypatch):
+    from transformers.utils import logging
+
+    from oled_hf.progress import quiet_library_bars
+
+    was = logging.is_progress_bar_enabled()
+    try:
+        for stream, quiet, shown in ((Terminal(), False, True), (Terminal(), True, False),
+                                     (io.StringIO(), False, False)):
+            logging.enable_progress_bar()
+            monkeypatch.setattr(sys, "stderr", stream)
+            quiet_library_bars(quiet)
+            assert logging.is_progress_bar_enabled() is shown, (quiet, shown)
+    finally:
+        (logging.enable_progress_bar if was else logging.disable_progress_bar)()
+
+
+def test_no_loading_weights_bar_in_a_piped_log(tiny_path, tmp_path, capsys):
+    """transformers draws "Loading weights" on any stderr; the CLI turns it off when that is not a terminal."""
+    from transformers.utils import logging
+
+    from oled_hf.cli.main import main
+
+    was = logging.is_progress_bar_enabled()
+    logging.enable_progress_bar()  # as in a fresh process
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello\n")
+    try:
+        code = main(["trace", "record", "--model", str(tiny_path), "--prompts", str(prompts), "--out",
+                     str(tmp_path / "t.trace"), "--max-new-tokens", "8", "--block-length", "8"])
+    finally:
+        (logging.enable_progress_bar if was else logging.disable_progress_bar)()
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "Loading weights" not in err and "it/s]" not in err, err
