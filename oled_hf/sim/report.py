@@ -320,6 +320,9 @@ def sweep_table(rows_by_key: dict[str, list[Run]], systems: Iterable[str], pcts:
             got = [pick(runs, name, p) for p in pcts]
             if any(got):
                 rows.append([key, name] + [f"{g.result.ratio_to_full:.2f}" if g else "-" for g in got])
+        bound = [next((r.bound_ratio for r in runs if r.pct == p and r.bound_ratio), None) for p in pcts]
+        if any(bound):
+            rows.append([key, "physical bound"] + [f"{b:.2f}" if b else "-" for b in bound])
     return md_table(head, rows)
 
 

@@ -31,7 +31,7 @@ def test_report_writes_markdown_and_plots(tmp_path):
     md = (out / "report.md").read_text()
     for heading in ("## Traces", "### Headline", "## (c) Ablation", "## (d) Block length", "## (e) Batch size",
                     "## (f) PCIe", "## (g) Planner", "## (h) Mis-calibration", "3 MoE layers x 16 experts",
-                    "x bound", "physical bound", "strongest fair system"):
+                    "x bound", "physical bound", "strongest fair system", "Target (2x errors)", "| physical bound |"):
         assert heading in md, heading
     for name in ("mixtral-offloading", "ktransformers", "moe-infinity+cpu", "lru-full", "lfu-full",
                  "+ confidence retention", "+ reuse-aware compensation", "16 GB/s", "block=16", "batch=2",
