@@ -14,10 +14,52 @@ LONG=${2:-}
 LONG_N=${LONG_N:-10}
 MOE="${OLED_MOE:-.venv/bin/oled-moe}"
 mkdir -p "$OUT/held-out" "$OUT/dev"
-rec() { "$MOE" trace record --threads 1 "$@" 2>&1 | grep -v "Loading weights" || true; }
+# Say what is done as it goes: one line before each trace (which, from what, how many prompts) and
+# one after (seconds taken). `trace record` prints its own result line, and a per-prompt bar when
+# stderr is a terminal (none in a log; transformers' "Loading weights" bars are off there too).
+# A failing record stops the script (set -e): a missing trace would only surface in the report.
+SPLITS=${LONG_SPLITS:-held-out dev}
+TOTAL=0
+[ -z "${LONG_ONLY:-}" ] && TOTAL=15  # 13 recorded + 2 synthetic
+[ -n "$LONG" ] && TOTAL=$((TOTAL + 2 * $(wc -w <<< "$SPLITS") + 4))
+N=0
+START=$SECONDS
+stage() { N=$((N + 1)); echo "[$N/$TOTAL, $(( SECONDS - START )) s] $*"; }
+elapsed() { echo "    took $(( SECONDS - $1 )) s (all so far: $(( SECONDS - START )) s)"; }
+count() {  # prompts a record uses: the file's lines, at most --limit
+  local prompts="" limit="" prev=""
+  for a in "$@"; do
+    case $prev in --prompts) prompts=$a ;; --limit) limit=$a ;; esac
+    prev=$a
+  done
+  local n; n=$(wc -l < "$prompts")
+  [ -n "$limit" ] && [ "$limit" -lt "$n" ] && n=$limit
+  echo "$n"
+}
+rec() {
+  local out="" model="" bs=1 block="" prev=""
+  for a in "$@"; do
+    case $prev in --out) out=$a ;; --model) model=$a ;; --batch-size) bs=$a ;; --block-length) block=$a ;; esac
+    prev=$a
+  done
+  stage "recording ${out#"$OUT"/}: $(count "$@") prompts through $model, block $block, batch $bs"
+  local t0=$SECONDS
+  "$MOE" trace record --threads 1 "$@"
+  elapsed "$t0"
+}
+synth() {
+  local t0=$SECONDS
+  stage "synthesising ${2#"$OUT"/} (LLaDA2.0-mini's shape, no model run)"
+  "$MOE" trace synth "$@"
+  elapsed "$t0"
+}
+echo "recording $TOTAL traces into $OUT (${LONG:+with the long model $LONG, }CPU, one thread each)"
 TOY=oled_hf/toy/checkpoint
 if [ -z "${LONG_ONLY:-}" ]; then
-[ -d "$OUT/small" ] || "$MOE" make-tiny "$OUT/small" --preset small --seed 0
+if [ ! -d "$OUT/small" ]; then
+  echo "writing the random-weight small checkpoint to $OUT/small"
+  "$MOE" make-tiny "$OUT/small" --preset small --seed 0
+fi
 head -n 6 eval/prompts.txt > "$OUT/dev-prompts.txt"
 tail -n 6 eval/prompts.txt > "$OUT/held-out-prompts.txt"
 for B in 8 16 32; do
@@ -36,12 +78,13 @@ for B in 16 32; do
   rec --model "$OUT/small" --prompts "$OUT/dev-prompts.txt" --block-length $B --max-new-tokens 64 \
       --out "$OUT/dev/small-b$B-bs1.trace"
 done
-"$MOE" trace synth --out "$OUT/held-out/synthetic-mini-b32-bs1.trace" --block-length 32 --seed 1
-"$MOE" trace synth --out "$OUT/dev/synthetic-mini-b32-bs1.trace" --block-length 32 --seed 2
+synth --out "$OUT/held-out/synthetic-mini-b32-bs1.trace" --block-length 32 --seed 1
+synth --out "$OUT/dev/synthetic-mini-b32-bs1.trace" --block-length 32 --seed 2
 fi
 if [ -n "$LONG" ]; then
   # LONG_N problems per task of the checkpoint's mix, interleaved (held-out: the report; dev: tuning only)
-  for SPLIT in ${LONG_SPLITS:-held-out dev}; do
+  for SPLIT in $SPLITS; do
+    echo "choosing $LONG_N $SPLIT problems per task of $LONG's mix -> $OUT/long-$SPLIT-prompts.txt"
     "${PYTHON:-.venv/bin/python}" -c "import sys; from oled_hf.toy.long.traces import split_questions as q
 print('\n'.join(q(sys.argv[1], int(sys.argv[3]), sys.argv[2])))" "$LONG" $SPLIT "$LONG_N" > "$OUT/long-$SPLIT-prompts.txt"
     for B in 16 32; do
@@ -56,4 +99,5 @@ print('\n'.join(q(sys.argv[1], int(sys.argv[3]), sys.argv[2])))" "$LONG" $SPLIT 
         --max-new-tokens 128 --batch-size $BS --out "$OUT/held-out/long-b16-bs$BS.trace"
   done
 fi
+echo "recorded $N traces in $(( SECONDS - START )) s:"
 ls -la "$OUT/held-out" "$OUT/dev"
