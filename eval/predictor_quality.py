@@ -170,7 +170,7 @@ def format_report(name: str, a: dict, dev_rates: dict) -> str:
     return "\n".join(out)
 
 
-def plot(results: dict[str, dict], path: str) -> None:
+def plot(results: dict[str, dict], path: str, everything: dict[str, dict] | None = None) -> None:
     """Four panels: ladder (% of MIN), predictors' precision/recall by position, top-C recall, persistence."""
     import matplotlib
 
@@ -179,6 +179,7 @@ def plot(results: dict[str, dict], path: str) -> None:
 
     fig, ax = plt.subplots(2, 2, figsize=(14, 10))
     styles = ["-", "--", ":", "-."]
+    colour = plt.get_cmap("tab20").colors
     a = ax[0, 0]
     for k, r in enumerate(results.values()):
         caps = r["capacities"]
@@ -186,13 +187,13 @@ def plot(results: dict[str, dict], path: str) -> None:
         pct = [100 * c / r["num_experts"] for c in caps]
         for j, n in enumerate(n for n in LADDER_ORDER if (n, caps[0]) in by and n != "MIN"):
             a.plot(pct, [by[(n, c)]["hits"] / by[("MIN", c)]["hits"] for c in caps], styles[k % 4], marker="o",
-                   color=f"C{j}", label=n if k == 0 else None)
+                   color=colour[j % 20], label=n if k == 0 else None)
     a.set(title="pure caching ladder: hit rate / MIN (line style = trace)", xlabel="cache, % of a layer's experts",
           ylabel="hits / MIN hits")
     a.legend(fontsize=7, ncol=2)
     first = next(iter(results.values()))
     a = ax[0, 1]
-    base = [q for q in first["predictors"] if "top-" not in q["name"]]
+    base = [q for q in first["predictors"] if "top-" not in q["name"] and "keep-" not in q["name"]]
     w = 0.8 / max(len(base), 1)
     x = np.arange(len(P.POSITIONS) + 1)
     for j, q in enumerate(base):
@@ -216,7 +217,7 @@ def plot(results: dict[str, dict], path: str) -> None:
     a.set(title="top-C rankings (C slots) vs the next access's set", xlabel="C, % of a layer's experts", ylim=(0, 1))
     a.legend(fontsize=7)
     a = ax[1, 1]
-    for k, (name, r) in enumerate(results.items()):
+    for k, (name, r) in enumerate((everything or results).items()):
         labs = [lab for lab, v in r["persistence"].items() if v["rows"]]
         a.plot(range(len(labs)), [r["persistence"][lab]["rate"] for lab in labs], styles[k % 4], marker="o",
                label=name)
@@ -262,7 +263,7 @@ def run(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
         print(f"json -> {args.json}")
     if args.out:
-        plot({n: r for n, r in results.items() if not n.endswith("(dev)")} or results, args.out)
+        plot({n: r for n, r in results.items() if not n.endswith("(dev)")} or results, args.out, results)
         print(f"figure -> {args.out}")
     return 0
 
