@@ -19,6 +19,32 @@ back into the mask and never finish), the top-n fallback never commits over an u
 independently on a shared block grid, and the output is cut after the first EOS after the prompt
 and is never longer than ``max_new_tokens``.
 
+Transformers' controls, as block diffusion applies them (the same math resident and offloaded; each is
+skipped entirely when absent, so results without it are unchanged):
+
+* ``logits_processor`` (a ``LogitsProcessorList`` or list of ``(input_ids, scores) -> scores``) runs on
+  every denoising iteration's logits of the current block, before confidence and token choice, one
+  call per processor per iteration: ``scores`` is [rows * block_length, vocab] (row-major), and
+  ``input_ids`` row ``r * block_length + j`` is batch row ``r``'s canvas before block position ``j``
+  (prompt, earlier blocks, the block's earlier positions with still-masked ones as
+  ``mask_token_id``), left-padded with ``pad_token_id``, so its last column is the token just before
+  ``j`` as in an autoregressive step (``_apply_processors``).
+* ``repetition_penalty``: Transformers' ``RepetitionPenaltyLogitsProcessor`` rule over the tokens
+  already in the row's sequence, i.e. the prompt plus every committed token (earlier blocks and the
+  block's decoded positions; masks and padding excluded), at every position of the block alike; in
+  editing mode a decoded position's own token counts too.
+* ``min_new_tokens`` (and ``min_length``, which counts the longest prompt): EOS logits are -inf at
+  positions whose new-token index is below it, so EOS is neither committed nor edited in there.
+* ``stopping_criteria``: called once per completed block (tokens inside a block are not final
+  before) with every row's prompt + new tokens so far, left-padded, and ``scores=None``; a row it
+  stops ends like an EOS stop: cut at that block's end and padded. A criterion that inspects only
+  the newest token (``EosTokenCriteria``) sees a block's last token; ``stop_strings`` is checked at
+  every token.
+* Applied in Transformers' order: repetition penalty, the EOS ban, then the caller's processors.
+  ``output_scores`` / ``output_logits`` / ``output_attentions`` / ``output_hidden_states`` and the
+  other Transformers options raise unless neutral (``params.pop_generation_options``); an unknown
+  argument raises Transformers' "not used by the model" error.
+
 The mixin's name contains "GenerationMixin" on purpose: Transformers then
 treats the model as able to generate (``can_generate``) and does not graft its own mixin on.
 """
@@ -36,16 +62,21 @@ from transformers.utils import ModelOutput
 from .canvas import build_canvas, prompt_rows
 from .commit import choose_tokens, commit_dinfer, commit_official, edit_positions, transfer_schedule
 from .events import IterationEvent, IterationObserver
-from .params import DiffusionParams, check_generation_config, check_inputs, check_prompt_tokens, resolve_params
+from .params import (
+    DiffusionParams,
+    check_generation_config,
+    check_inputs,
+    check_prompt_tokens,
+    check_unused_kwargs,
+    pop_generation_options,
+    resolve_params,
+)
 
 logger = logging.getLogger(__name__)
 
-# Arguments Transformers callers may pass that this decoder cannot honour when non-default.
+# Arguments Transformers callers may pass that this decoder cannot honour when non-default (every other
+# Transformers option left over is checked by params.pop_generation_options, anything else raises).
 UNSUPPORTED = {"num_beams": 1, "num_return_sequences": 1, "num_beam_groups": 1, "assistant_model": None}
-IGNORED = ("output_scores", "output_logits", "output_attentions", "output_hidden_states", "synced_gpus",
-           "logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn", "repetition_penalty",
-           "length_penalty", "renormalize_logits", "min_new_tokens", "min_length", "early_stopping",
-           "num_logits_to_keep")
 
 
 @dataclass
@@ -165,14 +196,14 @@ class DiffusionGenerationMixin:
 
     @staticmethod
     def _check_leftover_kwargs(kwargs: dict) -> None:
+        """After ``resolve_params``: beam search and friends raise, other Transformers options raise unless
+        neutral, and anything else raises Transformers' own "not used by the model" error (typos)."""
         for name, default in UNSUPPORTED.items():
             value = kwargs.pop(name, default)
-            if value != default:
+            if value is not None and value != default:
                 raise ValueError(f"{name}={value!r} is not supported by block-diffusion generate (only {default!r})")
-        for name in IGNORED:
-            kwargs.pop(name, None)
-        if kwargs:
-            logger.warning("generate ignores unknown arguments: %s", ", ".join(sorted(kwargs)))
+        pop_generation_options(kwargs)
+        check_unused_kwargs(kwargs)
 
 
 class _BlockDecoder:
@@ -288,6 +319,7 @@ class _BlockDecoder:
                     f"iterations (the cap for block_length={c.block_length}); the commit rule stopped committing")
             logits = self._forward("denoise", block, iteration, cols, c.block_length)
             check_finite(logits, masked, block, iteration)
+            logits = self._process(logits, cols, masked, block, iteration)
             before = c.tokens[:, cols]
             committed, ids, prob = self._commit(logits, masked, self._scheduled(iteration, steps, editing))
             edited = torch.zeros_like(committed)
@@ -338,6 +370,83 @@ class _BlockDecoder:
             committed = commit_official(confidence, scheduled, p.threshold)
         return committed & masked, ids, prob
 
+    def _process(self, logits: torch.Tensor, cols: slice, masked: torch.Tensor, block: int,
+                 iteration: int) -> torch.Tensor:
+        """Transformers' logits controls on one iteration's block logits [rows, B, V], in Transformers'
+        order: ``repetition_penalty``, the ``min_new_tokens`` EOS ban, then the caller's
+        ``logits_processor``. Absent controls leave the tensor untouched (results do not change)."""
+        p = self.p
+        if p.repetition_penalty != 1.0:
+            logits = repetition_penalty(logits, self._decided(cols.stop), p.repetition_penalty)
+        if p.min_new_tokens > 0:
+            logits = self._ban_early_eos(logits, cols)
+        if p.logits_processor:
+            logits = self._apply_processors(logits, cols)
+            check_processed(logits, masked, block, iteration)
+        return logits
+
+    def _decided(self, end: int) -> torch.Tensor:
+        """bool [rows, V]: token ids already in each row's sequence (prompt + committed, up to column ``end``)."""
+        c = self.canvas
+        tokens = c.tokens[:, :end]
+        keep = c.valid[:, :end].bool() & (tokens != self.p.mask_token_id)
+        present = torch.zeros((tokens.shape[0], self.model.config.vocab_size + 1), dtype=torch.bool)
+        present.scatter_(1, torch.where(keep, tokens, present.shape[1] - 1), True)
+        return present[:, :-1]
+
+    def _ban_early_eos(self, logits: torch.Tensor, cols: slice) -> torch.Tensor:
+        """EOS logits -inf at positions whose new-token index (0 = first generated) is below ``min_new_tokens``."""
+        c = self.canvas
+        index = torch.arange(cols.start, cols.stop)[None, :] - torch.tensor(c.gen_start)[:, None]
+        early = index < self.p.min_new_tokens
+        eos = torch.tensor(self.p.eos_token_ids, dtype=torch.long)
+        if not bool(early.any()) or len(eos) == 0:
+            return logits
+        banned = torch.zeros(logits.shape[-1], dtype=torch.bool)
+        banned[eos[eos < logits.shape[-1]]] = True
+        return logits.masked_fill(early[..., None] & banned, float("-inf"))
+
+    def _apply_processors(self, logits: torch.Tensor, cols: slice) -> torch.Tensor:
+        """The caller's processors, one call each per iteration over every position of the block.
+
+        ``scores`` is [rows * B, V] (row-major: row 0's B positions first); row ``r * B + j`` of
+        ``input_ids`` is batch row ``r``'s canvas before block position ``j`` (prompt, earlier blocks,
+        and the block's positions before ``j``, still-masked ones as ``mask_token_id``), left-padded
+        with ``pad_token_id`` to one width, so the last column is the token just before ``j`` as in an
+        autoregressive step. CPU tensors.
+        """
+        rows, b, vocab = logits.shape
+        ids = prefix_ids(self.canvas.tokens, cols, self.p.pad_token_id)
+        scores = logits.reshape(rows * b, vocab)
+        for i, processor in enumerate(self.p.logits_processor):
+            out = processor(ids, scores)
+            if not isinstance(out, torch.Tensor) or tuple(out.shape) != (rows * b, vocab):
+                shape = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+                raise ValueError(f"logits_processor[{i}] ({type(processor).__name__}) returned {shape}; it must return "
+                                 f"scores of the shape it was given, [{rows * b}, {vocab}]")
+            scores = out.float()
+        return scores.reshape(rows, b, vocab)
+
+    def _stopping_criteria_hit(self, cols: slice, live: torch.Tensor) -> torch.Tensor:
+        """bool [rows]: rows a ``stopping_criteria`` entry stops after this block.
+
+        Each criterion is called once per completed block (tokens inside a block are not final
+        before) with ``input_ids`` = every row's prompt + new tokens so far (each row up to its cut),
+        left-padded with ``pad_token_id`` so the last column is the row's newest token, and
+        ``scores=None`` (what Transformers passes without ``output_scores``). CPU tensors.
+        """
+        c = self.canvas
+        rows = c.tokens.shape[0]
+        seqs = [c.tokens[i, c.shift[i] : min(cols.stop, int(self.cut[i]))] for i in range(rows)]
+        width = max(len(seq) for seq in seqs)
+        ids = torch.full((rows, width), self.p.pad_token_id, dtype=torch.long)
+        for i, seq in enumerate(seqs):
+            ids[i, width - len(seq):] = seq
+        stop = torch.zeros(rows, dtype=torch.bool)
+        for i, criterion in enumerate(self.p.stopping_criteria):
+            stop |= row_flags(criterion(ids, None), rows, f"stopping_criteria[{i}] ({type(criterion).__name__})")
+        return stop & live
+
     def _eos_hits(self, row_tokens: torch.Tensor) -> torch.Tensor:
         return torch.isin(row_tokens, torch.tensor(self.p.eos_token_ids, dtype=torch.long))
 
@@ -366,6 +475,10 @@ class _BlockDecoder:
                 if hit is not None:
                     self.cut[i], self.done[i] = c.gen_start[i] + hit, True
             if end >= int(self.cut[i]):
+                self.done[i] = True
+        if self.p.stopping_criteria:  # a stopped row ends like an EOS stop: cut at the block's end, padded
+            for i in torch.nonzero(self._stopping_criteria_hit(cols, active & ~self.done)).flatten().tolist():
+                self.cut[i] = min(int(self.cut[i]), cols.stop)
                 self.done[i] = True
 
     def _stream(self, streamer, cols: slice) -> None:
@@ -422,6 +535,52 @@ def check_finite(logits: torch.Tensor, masked: torch.Tensor, block: int, iterati
             f"the denoise forward of block {block}, iteration {iteration} produced non-finite logits (NaN or inf) "
             f"at {int(bad.sum())} masked position(s) of batch row(s) {rows}; the model's weights give NaN/inf "
             "(e.g. a corrupt expert in the checkpoint), so no token can be chosen")
+
+
+def repetition_penalty(logits: torch.Tensor, present: torch.Tensor, penalty: float) -> torch.Tensor:
+    """Transformers' ``RepetitionPenaltyLogitsProcessor`` rule on [rows, B, V] logits: for every token id
+    already in the row's sequence (``present``, bool [rows, V]), a negative logit is multiplied by
+    ``penalty`` and a positive one divided by it, at every position of the block alike."""
+    penalised = torch.where(logits < 0, logits * penalty, logits / penalty)
+    return torch.where(present[:, None, :], penalised, logits)
+
+
+def prefix_ids(tokens: torch.Tensor, cols: slice, pad_token_id: int) -> torch.Tensor:
+    """[rows * B, cols.start + B - 1]: row ``r * B + j`` is ``tokens[r, :cols.start + j]`` right-aligned
+    (left-padded with ``pad_token_id``): what a logits processor sees for block position ``j``."""
+    rows, b = tokens.shape[0], cols.stop - cols.start
+    width = cols.start + b - 1
+    source = torch.arange(width)[None, :] - (b - 1 - torch.arange(b))[:, None]  # [B, width], < 0: padding
+    gathered = tokens[:, source.clamp(min=0)]  # [rows, B, width]
+    ids = torch.where(source[None] >= 0, gathered, torch.full_like(gathered, pad_token_id))
+    return ids.reshape(rows * b, width)
+
+
+def row_flags(result, rows: int, who: str) -> torch.Tensor:
+    """A stopping criterion's answer as bool [rows]: a bool, a 0-d or a [rows] tensor (Transformers allows
+    each); anything else is the criterion's error, named."""
+    try:
+        flags = torch.as_tensor(result).to("cpu", torch.bool)
+    except (TypeError, ValueError, RuntimeError):
+        flags = None
+    if flags is not None and flags.dim() == 0:
+        return flags.expand(rows)
+    if flags is None or tuple(flags.shape) != (rows,):
+        got = list(flags.shape) if flags is not None else type(result).__name__
+        raise ValueError(f"{who} returned {got}; a stopping criterion returns a bool or a bool tensor of shape "
+                         f"[{rows}] (one per row)")
+    return flags
+
+
+def check_processed(logits: torch.Tensor, masked: torch.Tensor, block: int, iteration: int) -> None:
+    """After the caller's logits processors: masked positions must still give a distribution (no NaN or
+    +inf, not every entry -inf), else no token could be chosen; names the processors, not the model."""
+    bad = (logits.isnan().any(-1) | logits.isposinf().any(-1) | logits.isneginf().all(-1)) & masked
+    if bool(bad.any()):
+        rows = torch.nonzero(bad.any(-1)).flatten().tolist()
+        raise ValueError(f"logits_processor left no choosable token (NaN, +inf or every entry -inf) at "
+                         f"{int(bad.sum())} masked position(s) of batch row(s) {rows} in block {block}, "
+                         f"iteration {iteration}")
 
 
 def _stop_string_cut(tokenizer, tokens: torch.Tensor, stop_strings: list[str]) -> int | None:

@@ -8,11 +8,20 @@ logit shift. Parameter names are the official checkpoint's, so its safetensors l
 
 Routed experts are computed through ``experts_executor`` (see ``experts.py``): the model knows
 nothing of where expert weights live.
+
+Position i's logits predict token i (masked-diffusion, no shift), so scoring the model as an
+autoregressive LM (reading position i-1's logits for token i, e.g. lm-eval's ``--model hf``) gives
+wrong numbers silently. ``forward`` warns once per model where that use is certain
+(:func:`autoregressive_use`): labels at unmasked positions (causal-LM labels such as
+``labels=input_ids``), or a plain ``model(input_ids)`` made from lm-eval's ``HFLM`` log-likelihood
+loop. The right lm-eval model for these checkpoints is ``oled_llada2``.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -409,6 +418,45 @@ class OledLLaDA2Model(OledLLaDA2PreTrainedModel):
         )
 
 
+logger = logging.getLogger(__name__)
+
+# lm-eval's autoregressive HF adapter: its log-likelihood loop reads shifted log-probs from model(input_ids).
+HFLM_SCORING = (os.path.join("lm_eval", "models", "huggingface.py"), "_loglikelihood_tokens")
+AUTOREGRESSIVE_WARNING = (
+    "this is a masked-diffusion LM: position i's logits predict token i (no shift), so {why} scores it as an "
+    "autoregressive LM and the numbers are wrong. Use generate() for text, and for lm-eval the oled_llada2 model "
+    "(python -m oled_hf.evaluation --model oled_llada2 ...), not --model hf. Warned once per model.")
+
+
+def autoregressive_use(input_ids, labels, mask_token_id: int, plain_call: bool) -> str | None:
+    """Why this forward is an autoregressive-scoring use (for the warning), or None.
+
+    Both signals are certain and cheap: masked-diffusion labels sit only at masked inputs (a
+    label at a visible token is a copy task, i.e. causal-LM labels the model does not shift); and
+    lm-eval's ``HFLM._loglikelihood_tokens`` on the stack of a plain ``model(input_ids)`` (no
+    block_length, cache or positions; a few frames looked at, only for such calls). Our own
+    callers (generate, the ``oled_llada2`` adapter, training and tests) do neither.
+    """
+    if labels is not None and input_ids is not None and labels.shape == input_ids.shape:
+        if bool(((labels != -100) & (input_ids != mask_token_id)).any()):
+            return "forward(labels=...) with labels at unmasked positions (causal-LM labels, e.g. labels=input_ids)"
+    if plain_call and _called_from(*HFLM_SCORING):
+        return "lm-eval's hf adapter (HFLM._loglikelihood_tokens)"
+    return None
+
+
+def _called_from(file_suffix: str, function: str, depth: int = 16) -> bool:
+    """Whether ``function`` of a file ending in ``file_suffix`` is among the innermost ``depth`` callers."""
+    frame = sys._getframe(1)
+    for _ in range(depth):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == function and frame.f_code.co_filename.endswith(file_suffix):
+            return True
+        frame = frame.f_back
+    return False
+
+
 class OledLLaDA2ForDiffusionLM(OledLLaDA2PreTrainedModel, DiffusionGenerationMixin):
     """LLaDA2 with its untied LM head and block-diffusion ``generate``.
 
@@ -542,6 +590,12 @@ class OledLLaDA2ForDiffusionLM(OledLLaDA2PreTrainedModel, DiffusionGenerationMix
     ) -> OledLLaDA2Output:
         if output_router_logits is None:
             output_router_logits = self.config.output_router_logits
+        if not self.__dict__.get("_warned_autoregressive"):
+            plain = block_length is None and past_key_values is None and position_ids is None and not logits_to_keep
+            why = autoregressive_use(input_ids, labels, self.config.mask_token_id, plain)
+            if why is not None:
+                self.__dict__["_warned_autoregressive"] = True
+                logger.warning(AUTOREGRESSIVE_WARNING.format(why=why))
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,

@@ -18,22 +18,35 @@ enables it.
 Every value is checked wherever it comes from; one that came from ``generation_config`` says so
 (``block_length=0 (from generation_config) is invalid``), and :func:`check_generation_config`
 runs the same checks when a checkpoint's ``generation_config.json`` is loaded.
+
+Transformers' own controls, as block diffusion reads them (the decoder applies them, see
+``generation_oled_llada2``): ``repetition_penalty``, ``min_new_tokens`` / ``min_length``,
+``logits_processor`` and ``stopping_criteria`` are implemented; ``renormalize_logits`` and
+``bos_token_id`` are accepted because they change nothing here (confidences are softmax
+probabilities of the processed logits already; a prompt is always given). Every other Transformers
+generation option (``output_scores``, ``no_repeat_ngram_size``, ``length_penalty``...) is accepted
+only at its neutral value (None, or Transformers' default such as ``output_scores=False``) and
+raises otherwise (:func:`pop_generation_options`); any other leftover argument raises Transformers'
+own "not used by the model" error (:func:`check_unused_kwargs`), so a typo such as
+``max_new_token=`` fails as it does in Transformers.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
 from .commit import COMMIT_RULES
 
 DEFAULTS = dict(block_length=32, threshold=0.95, steps=32, max_new_tokens=128, minimal_topk=1,
                 eos_early_stop=False, do_sample=False, temperature=1.0, commit_rule="official",
-                editing_threshold=None, max_post_steps=16, num_to_transfer=1)
+                editing_threshold=None, max_post_steps=16, num_to_transfer=1, repetition_penalty=1.0,
+                min_new_tokens=0)
 
 DECODING_PRESETS: dict[str, dict] = {
     "quality": dict(threshold=0.7, editing_threshold=0.5, max_post_steps=16),
@@ -75,6 +88,10 @@ class DiffusionParams:
     max_post_steps: int = 16  # iterations after a block has no masks left (editing only)
     num_to_transfer: int = 1  # editing mode: fewest masks committed per iteration (LLaDA2.1's rule)
     decoding: str | None = None  # the preset these values came from, if any
+    repetition_penalty: float = 1.0  # Transformers' semantics over prompt + committed tokens; 1.0 = off
+    min_new_tokens: int = 0  # EOS is banned at new-token indices below this (min_length folded in)
+    logits_processor: list[Callable] = field(default_factory=list)  # (input_ids, scores) -> scores
+    stopping_criteria: list[Callable] = field(default_factory=list)  # (input_ids, scores) -> bool [rows]
     # where each value came from when that was generation_config (error messages say so)
     from_config: set[str] = field(default_factory=set)
 
@@ -151,6 +168,8 @@ def resolve_params(
     def get(name, use_preset=False):
         return _get(name, kwargs, gen, preset if use_preset else None, seen)
 
+    min_new = _min_new_tokens(kwargs, gen, prompt_length, seen)
+
     params = DiffusionParams(
         max_new_tokens=get("max_new_tokens"),
         block_length=get("block_length"),
@@ -173,6 +192,12 @@ def resolve_params(
         max_post_steps=get("max_post_steps", True),
         num_to_transfer=get("num_to_transfer"),
         decoding=decoding,
+        repetition_penalty=get("repetition_penalty"),
+        min_new_tokens=min_new,
+        logits_processor=check_callables(kwargs.pop("logits_processor", None), "logits_processor",
+                                         "(input_ids, scores) -> scores", LogitsProcessorList),
+        stopping_criteria=check_callables(kwargs.pop("stopping_criteria", None), "stopping_criteria",
+                                          "(input_ids, scores) -> bool per row", StoppingCriteriaList),
         from_config=seen,
     )
     if explicit_transfer and params.editing_threshold is None:
@@ -181,6 +206,116 @@ def resolve_params(
                          "schedule decides how many tokens each iteration commits")
     validate_params(params, model_config, prompt_length)
     return params
+
+
+def _min_new_tokens(kwargs: dict, gen_config, prompt_length: int | None, seen: set) -> int:
+    """``min_new_tokens``, raised to what ``min_length`` asks for (Transformers counts the prompt in
+    ``min_length``: its padded width, here the batch's longest prompt). Only valid values are
+    combined; a bad ``min_new_tokens`` is left for :func:`validate_params` to name."""
+    min_new = _get("min_new_tokens", kwargs, gen_config, from_config=seen)
+    min_length = kwargs.pop("min_length", None)
+    origin = ""
+    if min_length is None:
+        min_length, origin = getattr(gen_config, "min_length", None), f" (from {GENERATION_CONFIG})"
+    if min_length is None:
+        return min_new
+    if not _is_int(min_length) or min_length < 0:
+        raise ValueError(f"min_length={min_length!r}{origin} is invalid: must be an integer >= 0 (prompt plus new "
+                         "tokens before EOS may be chosen)")
+    if prompt_length is None or not _is_int(min_new):
+        return min_new
+    return max(min_new, min_length - prompt_length)
+
+
+def check_callables(value, name: str, signature: str, list_type: type) -> list[Callable]:
+    """``logits_processor`` / ``stopping_criteria``: None, a Transformers list, or a list/tuple of callables.
+
+    Checked before any forward so that a single processor passed bare, or a list holding a
+    non-callable, fails naming the argument instead of deep inside the denoising loop.
+    """
+    if value is None:
+        return []
+    if callable(value) and not isinstance(value, (list, tuple)):
+        raise ValueError(f"{name} must be a {list_type.__name__} or a list of callables {signature}; got a single "
+                         f"{type(value).__name__}: wrap it, {name}={list_type.__name__}([...])")
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"{name} must be a {list_type.__name__} or a list of callables {signature}; "
+                         f"got {type(value).__name__}")
+    for i, item in enumerate(value):
+        if not callable(item):
+            raise ValueError(f"{name}[{i}] is a {type(item).__name__}, not a callable {signature}")
+    return list(value)
+
+
+# Transformers generate options block diffusion cannot honour, and why (any not listed: the generic reason).
+UNSUPPORTED_REASONS = {
+    "output_scores": "a block's tokens are committed over several denoising iterations, so there is no one score "
+                     "per new token; pass observers=[...] to see each iteration's confidences (IterationEvent)",
+    "output_logits": "a block's tokens are committed over several denoising iterations, so there are no per-token "
+                     "logits; pass observers=[...] to see each iteration's confidences (IterationEvent)",
+    "output_attentions": "generate keeps no per-step attentions; call the model's forward with the canvas instead",
+    "output_hidden_states": "generate keeps no per-step hidden states; call the model's forward with "
+                            "output_hidden_states=True instead",
+    "synced_gpus": "generate runs on one process (no DeepSpeed ZeRO-3 / FSDP lockstep)",
+    "prefix_allowed_tokens_fn": "pass a logits_processor instead (it sees each block position's prefix)",
+    "num_logits_to_keep": "generate chooses which logits the forward keeps",
+    "cache_implementation": "generate uses its own block KV cache (switch it with use_cache)",
+}
+# Transformers options accepted at any value because they change nothing in block diffusion (module docstring).
+NO_OP_OPTIONS = ("renormalize_logits", "bos_token_id", "transformers_version", "_from_model_config")
+# Transformers generate() arguments that are not GenerationConfig fields (None = not used).
+GENERATE_ARGUMENTS = ("synced_gpus", "prefix_allowed_tokens_fn", "assistant_model", "negative_prompt_ids",
+                      "negative_prompt_attention_mask", "custom_generate", "use_model_defaults",
+                      "assistant_tokenizer", "num_logits_to_keep")
+
+
+def neutral_generation_values() -> dict:
+    """Each Transformers generate option's value that leaves generation unchanged (besides None).
+
+    Transformers' own defaults (``GenerationConfig._get_default_generation_params``, where this
+    version has it) plus the boolean flags whose off value is False; greedy-only defaults such as
+    ``top_k=50`` do not matter here since the decoder consumes ``top_k`` itself.
+    """
+    defaults = getattr(GenerationConfig, "_get_default_generation_params", dict)()
+    return {**defaults, "output_scores": False, "output_logits": False, "output_attentions": False,
+            "output_hidden_states": False, "synced_gpus": False, "low_memory": False, "token_healing": False}
+
+
+def pop_generation_options(kwargs: dict) -> None:
+    """Remove Transformers generate options left in ``kwargs`` that change nothing; raise for the others.
+
+    Called after :func:`resolve_params` consumed what this decoder implements, so what is left and
+    named by Transformers (a GenerationConfig field or a generate() argument) is unsupported: its
+    neutral value is accepted (callers that forward a full config keep working), any other value
+    raises naming it, instead of being silently dropped.
+    """
+    names = set(GenerationConfig().to_dict()) | set(GENERATE_ARGUMENTS)
+    neutral = neutral_generation_values()
+    for name in sorted(k for k in kwargs if k in names):
+        value = kwargs.pop(name)
+        if value is None or name in NO_OP_OPTIONS or (name in neutral and _same(value, neutral[name])):
+            continue
+        reason = UNSUPPORTED_REASONS.get(name, "generate does not implement this Transformers option; leave it unset")
+        allowed = f" (only None or {neutral[name]!r})" if neutral.get(name) is not None else " (only None)"
+        raise ValueError(f"{name}={value!r} is not supported by block diffusion: {reason}{allowed}")
+
+
+def check_unused_kwargs(kwargs: dict) -> None:
+    """Leftover arguments fail as in Transformers' ``_validate_model_kwargs``: a typo such as
+    ``max_new_token=`` raises with Transformers' own message (None values are skipped, as there)."""
+    unused = [key for key, value in kwargs.items() if value is not None]
+    if unused:
+        raise ValueError(f"The following `model_kwargs` are not used by the model: {unused} (note: typos in the "
+                         "generate arguments will also show up in this list)")
+
+
+def _same(value, neutral) -> bool:
+    """``value == neutral`` without tensor or odd-type surprises (a non-comparable value is not neutral)."""
+    try:
+        return type(value) in (bool, int, float, str) and bool(value == neutral) and (
+            isinstance(value, bool) == isinstance(neutral, bool))
+    except Exception:
+        return False
 
 
 def check_generation_config(generation_config: GenerationConfig, model_config, where: str) -> None:
@@ -230,6 +365,11 @@ def validate_params(p: DiffusionParams, model_config, prompt_length: int | None)
     if not _is_int(p.num_to_transfer) or not 1 <= p.num_to_transfer <= p.block_length:
         bad("num_to_transfer", p.num_to_transfer, f"must be an integer from 1 to block_length={p.block_length} "
             "(masks committed per editing iteration when too few are above threshold)")
+    if not _is_number(p.repetition_penalty) or not math.isfinite(p.repetition_penalty) or p.repetition_penalty <= 0:
+        bad("repetition_penalty", p.repetition_penalty, "must be a finite number > 0 (1.0 = off; > 1 discourages "
+            "tokens already in the prompt or committed)")
+    if not _is_int(p.min_new_tokens) or p.min_new_tokens < 0:
+        bad("min_new_tokens", p.min_new_tokens, "must be an integer >= 0 (new tokens before EOS may be chosen)")
     if p.commit_rule not in COMMIT_RULES:
         bad("commit_rule", p.commit_rule, f"allowed: {', '.join(COMMIT_RULES)}")
     for name, value in (("mask_token_id", p.mask_token_id), ("pad_token_id", p.pad_token_id)):
