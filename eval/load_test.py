@@ -40,7 +40,7 @@ def _in_process_server(args):
         model_path = str(make_checkpoint(os.path.join(scratch.name, "tiny"), preset="tiny", seed=0))
     model, tokenizer = load_model(model_path, device=args.device)
     engine = Engine(model, tokenizer, max_queue=args.max_queue, block_length=args.block_length)
-    sock = socket.socket()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # asyncio then sets TCP_NODELAY
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(create_app(engine, "load-test"), log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

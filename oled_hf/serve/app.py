@@ -26,12 +26,12 @@ from typing import Any
 
 import torch
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .engine import Engine, GenerationRequest, QueueFull
 from .guard import Guard, Limits, allowed_hosts_problem, api_key_problem, host_policy
-from .metrics import offload_figures
+from .metrics import content_type, offload_figures
 from .protocol import APIError, GenerationOptions, clip, parse_chat, parse_completion, parse_json, resolve_max_tokens
 
 logger = logging.getLogger(__name__)
@@ -61,7 +61,8 @@ def create_app(engine: Engine, served_model_name: str, api_key: str | None = Non
         yield
 
     app = FastAPI(title="oled-hf", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(Guard, metrics=engine.metrics, limits=limits, hosts=host_policy(host, api_key, allowed_hosts))
+    app.add_middleware(Guard, metrics=engine.metrics, limits=limits, hosts=host_policy(host, api_key, allowed_hosts),
+                       arrivals=engine)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, err: APIError):
@@ -102,7 +103,7 @@ def create_app(engine: Engine, served_model_name: str, api_key: str | None = Non
     async def metrics(request: Request):
         authorize(request)
         text = engine.metrics.render(engine.queue_depth, engine.running, offload_figures(engine.model))
-        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+        return Response(text, media_type=content_type())
 
     @app.get("/openapi.json", include_in_schema=False)
     async def openapi(request: Request):
@@ -183,6 +184,7 @@ def create_app(engine: Engine, served_model_name: str, api_key: str | None = Non
                                 block_length=req.block_length, threshold=req.threshold)
         try:
             engine.submit(job)
+            engine.arrived()  # (counted as arriving since the Guard let it in: the worker may wait for it)
         except QueueFull as err:
             raise APIError(429, str(err), code="queue_full", type="rate_limit_error") from None
         except ValueError as err:

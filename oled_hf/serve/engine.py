@@ -2,7 +2,9 @@
 
 The HTTP layer submits :class:`GenerationRequest` objects to a bounded queue; a worker thread
 takes the oldest, waits up to ``batch_wait_ms`` for others that can share its decoding (see
-:meth:`Engine.batch_key`), and decodes up to ``max_batch_size`` of them in ONE left-padded
+:meth:`Engine.batch_key`) while the HTTP layer is still reading or tokenizing requests
+(:meth:`Engine.arrival`), or for the whole window once the previous batch held several requests
+(clients are concurrent); a lone client never waits. It decodes up to ``max_batch_size`` of them in ONE left-padded
 ``generate`` call. Each request is reported through its own ``emit`` callback (called on the
 worker thread): ``("start",)`` once decoding begins, ``("delta", text)`` per completed block that
 added text, then ``("done", finish_reason, usage)`` or ``("error", status, message)``.
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import contextvars
 import logging
 import threading
 import time
@@ -45,7 +48,8 @@ from .streaming import BlockTextStreamer, LockedTokenizer
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BATCH_SIZE = 8
-DEFAULT_BATCH_WAIT_MS = 5.0
+DEFAULT_BATCH_WAIT_MS = 10.0
+_ARRIVAL: contextvars.ContextVar[list | None] = contextvars.ContextVar("oled_arrival", default=None)
 
 
 class QueueFull(Exception):
@@ -72,6 +76,16 @@ class _JobQueue:
         self.maxsize = maxsize
         self._items: collections.deque = collections.deque()
         self._ready = threading.Condition()
+        self.arriving = 0  # requests the HTTP layer is reading or tokenizing, not yet submitted
+
+    def arrive(self) -> None:
+        with self._ready:
+            self.arriving += 1
+
+    def depart(self) -> None:
+        with self._ready:
+            self.arriving -= 1
+            self._ready.notify_all()
 
     def put_nowait(self, item) -> bool:
         with self._ready:
@@ -93,9 +107,9 @@ class _JobQueue:
                 self._ready.wait()
             return self._items.popleft()
 
-    def take(self, accept: Callable[[object, list], bool], limit: int, wait_s: float) -> list:
+    def take(self, accept: Callable[[object, list], bool], limit: int, wait_s: float, patient: bool) -> list:
         """Remove (in FIFO order) up to ``limit`` items that ``accept(item, taken)`` takes, waiting up to
-        ``wait_s`` for more to arrive.
+        ``wait_s`` for more: the whole time when ``patient``, else only while requests are arriving.
 
         Returns early once ``limit`` items are taken or the stop sentinel is queued. ``accept`` is
         called under the queue's lock, in queue order, with what has been taken so far.
@@ -111,7 +125,8 @@ class _JobQueue:
                         self._items.remove(item)
                         taken.append(item)
                 remaining = deadline - time.monotonic()
-                if len(taken) >= limit or remaining <= 0 or None in self._items:
+                idle = not patient and not self.arriving
+                if len(taken) >= limit or remaining <= 0 or idle or None in self._items:
                     return taken
                 self._ready.wait(remaining)
 
@@ -370,6 +385,7 @@ class Engine:
         self._queue = _JobQueue(max_queue)
         self._thread: threading.Thread | None = None
         self._current: list[_Row] = []
+        self._last_batch = 0
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -446,6 +462,34 @@ class Engine:
         return list(self.tokenizer(text, add_special_tokens=False, split_special_tokens=as_text)["input_ids"])
 
     # ---- submission ------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def arrival(self):
+        """Mark a request as arriving (being read, parsed, tokenized) until it is submitted or refused.
+
+        The worker waits up to ``batch_wait_ms`` for arriving requests to join its batch, and not at
+        all when none is arriving, so batching costs a lone client nothing. Inside this context,
+        :meth:`arrived` ends the mark early (right after :meth:`submit`).
+        """
+        mark = [True]
+        self._queue.arrive()
+        token = _ARRIVAL.set(mark)
+        try:
+            yield
+        finally:
+            _ARRIVAL.reset(token)
+            self._settle(mark)
+
+    def arrived(self) -> None:
+        """The request of the current :meth:`arrival` is submitted: stop counting it as arriving."""
+        mark = _ARRIVAL.get(None)
+        if mark is not None:
+            self._settle(mark)
+
+    def _settle(self, mark: list) -> None:
+        if mark[0]:
+            mark[0] = False
+            self._queue.depart()
+
     def submit(self, request: GenerationRequest) -> None:
         """Queue a request, or raise :class:`QueueFull` at once; ``ValueError`` for parameters ``generate`` refuses."""
         self.check(request)
@@ -537,8 +581,12 @@ class Engine:
                 continue
             batch = [first]
             if self.max_batch_size > 1:
+                # wait the whole window only where clients are concurrent (the last batch shared its
+                # generate); a lone client's request starts as soon as nothing else is arriving
                 batch += self._queue.take(lambda item, taken, head=first: self._joins([head, *taken], item),
-                                          self.max_batch_size - 1, self.batch_wait_ms / 1000)
+                                          self.max_batch_size - 1, self.batch_wait_ms / 1000,
+                                          patient=self._last_batch > 1)
+            self._last_batch = len(batch)
             self.run_batch(batch)
 
     def run_batch(self, batch: list[GenerationRequest]) -> None:
@@ -619,14 +667,15 @@ class Engine:
         completion = len(row.tokens)
         usage = {"prompt_tokens": row.prompt_len, "completion_tokens": completion,
                  "total_tokens": row.prompt_len + completion}
-        row.emit(("done", row.finish_reason(eos_ids), usage))
+        # counted before the client hears: a /metrics read right after the answer includes it
         self.metrics.record_generation("completed", row.prompt_len, completion, time.perf_counter() - self._started)
+        row.emit(("done", row.finish_reason(eos_ids), usage))
 
     def _drop(self, row: _Row, outcome: str, status: int, message: str) -> None:
         """End one row with an error; the batch decodes on without it."""
+        self.metrics.record_generation(outcome, row.prompt_len, len(row.tokens), time.perf_counter() - self._started)
         row.emit(("error", status, message))
         row.closed = True
-        self.metrics.record_generation(outcome, row.prompt_len, len(row.tokens), time.perf_counter() - self._started)
 
 
 def _resolver():

@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import json
 import logging
@@ -254,16 +255,26 @@ async def _send_error(send, err: APIError, close: bool = False) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions")
+
+
 class Guard:
     """Host and content-type checks, body limit, body read deadline, error objects for escaped
-    exceptions, request counts. ``hosts`` None: no Host check."""
+    exceptions, request counts. ``hosts`` None: no Host check. ``arrivals`` (the engine): a
+    generation request counts as arriving from here until it is submitted (``arrivals.arrival()``),
+    the earliest point the app sees it, so the worker can wait for it to join a batch."""
 
-    def __init__(self, app, metrics, limits: Limits, hosts: HostPolicy | None = None):
-        self.app, self.metrics, self.limits, self.hosts = app, metrics, limits, hosts
+    def __init__(self, app, metrics, limits: Limits, hosts: HostPolicy | None = None, arrivals=None):
+        self.app, self.metrics, self.limits, self.hosts, self.arrivals = app, metrics, limits, hosts, arrivals
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        arriving = self.arrivals is not None and scope["method"] == "POST" and scope["path"] in GENERATION_PATHS
+        with self.arrivals.arrival() if arriving else contextlib.nullcontext():
+            await self._guard(scope, receive, send)
+
+    async def _guard(self, scope, receive, send):
         status = None
 
         async def send_and_note(message):

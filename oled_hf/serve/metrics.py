@@ -1,14 +1,17 @@
-"""Server metrics in the Prometheus text exposition format (no client library needed).
+"""Server metrics in the Prometheus text format, kept and rendered by ``prometheus_client``.
 
-Counters are updated from the HTTP loop (requests) and the worker thread (tokens, timings), so
-every update takes one lock. Expert-cache figures are read from ``model.offload_stats()`` at
-scrape time when the model is offloaded, and are 0 otherwise.
+Each :class:`Metrics` owns its own ``CollectorRegistry`` (one per engine; tests run several), so
+nothing is registered process-wide. Counters and histograms are updated from the HTTP loop
+(requests) and the worker thread (tokens, timings, batches); ``prometheus_client`` makes every
+update thread-safe. What is read at scrape time (queue depth, running rows, expert-cache figures
+from ``model.offload_stats()``, 0 without offloading) comes from a custom collector fed by
+:meth:`Metrics.render`. ``prometheus_client`` is imported when a :class:`Metrics` is made, so the
+generation engine's module (which ``oled-moe chat`` loads) needs no server extra.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
 from typing import Any
 
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -29,8 +32,8 @@ def moe_layer_numbers(config, count: int | None = None) -> list[int]:
 
 
 def offload_figures(model) -> dict[str, Any] | None:
-    """``hit_rate``, ``bytes_copied``, ``cpu_expert_tokens`` (and ``layer_hit_rates`` when given) from
-    ``model.offload_stats()``; None when the model is not offloaded."""
+    """``hit_rate``, ``bytes_copied``, ``cpu_expert_tokens`` (and ``layer_hit_rates`` with their
+    ``layer_numbers`` when given) from ``model.offload_stats()``; None when the model is not offloaded."""
     getter = getattr(model, "offload_stats", None)
     if getter is None:
         return None
@@ -54,101 +57,135 @@ def offload_figures(model) -> dict[str, Any] | None:
     layers = stats.get("layers")
     if isinstance(layers, list) and all(isinstance(row, dict) for row in layers):
         out["layer_hit_rates"] = [number(row.get("hit_rate", 0)) for row in layers]
+        config = getattr(model, "config", None)
+        if config is not None:
+            out["layer_numbers"] = moe_layer_numbers(config, len(layers))
     return out
 
 
-class Metrics:
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.requests: dict[tuple[str, int], int] = defaultdict(int)
-        self.prompt_tokens = 0
-        self.generated_tokens = 0
-        self.generations = {"completed": 0, "aborted": 0, "timed_out": 0, "failed": 0}
-        self.rejected = 0
-        self._tpot_counts = [0] * (len(TPOT_BUCKETS) + 1)
-        self._tpot_sum = 0.0
-        self._generation_seconds = 0.0
-        self.batches = 0
-        self.batched_requests = 0
+OUTCOMES = ("completed", "aborted", "timed_out", "failed")
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 
+
+class Metrics:
+    """The server's counters in a private ``prometheus_client`` registry."""
+
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Histogram
+
+        self.registry = registry = CollectorRegistry()
+        self._requests = Counter("oled_requests", "HTTP requests by endpoint and status code.",
+                                 ["endpoint", "status"], registry=registry)
+        self._rejected = Counter("oled_requests_rejected", "Requests refused because the queue was full (429).",
+                                 registry=registry)
+        self._generations = Counter("oled_generations", "Generations by outcome (aborted: the client left).",
+                                    ["outcome"], registry=registry)
+        for outcome in OUTCOMES:
+            self._generations.labels(outcome=outcome)
+        self._prompt_tokens = Counter("oled_prompt_tokens", "Prompt tokens of finished generations.",
+                                      registry=registry)
+        self._generated_tokens = Counter("oled_generated_tokens", "Tokens generated.", registry=registry)
+        self._generation_seconds = Counter("oled_generation_seconds", "Time spent generating.", registry=registry)
+        self._batches = Counter("oled_batches", "generate calls (each decodes a batch of requests).",
+                                registry=registry)
+        self._batched_requests = Counter(
+            "oled_batched_requests", "Requests decoded by those calls (over oled_batches_total: the mean batch size).",
+            registry=registry)
+        self._batch_size = Histogram("oled_batch_size", "Requests decoded together per generate call.",
+                                     buckets=BATCH_BUCKETS, registry=registry)
+        self._tpot = Histogram("oled_time_per_output_token_seconds",
+                               "Generation time divided by completion tokens, per completed request.",
+                               buckets=TPOT_BUCKETS, registry=registry)
+        self._scrape_lock = threading.Lock()
+        self._live = _live_collector()
+        registry.register(self._live)
+
+    # ---- updates (any thread) -----------------------------------------------------------------
     def count_request(self, path: str, status: int) -> None:
         endpoint = path if path in ENDPOINTS else ("/v1/models" if path.startswith("/v1/models/") else "other")
-        with self._lock:
-            self.requests[(endpoint, int(status))] += 1
+        self._requests.labels(endpoint=endpoint, status=str(int(status))).inc()
 
     def count_rejected(self) -> None:
-        with self._lock:
-            self.rejected += 1
+        self._rejected.inc()
 
     def record_batch(self, size: int) -> None:
         """One ``generate`` call decoding ``size`` requests together."""
-        with self._lock:
-            self.batches += 1
-            self.batched_requests += size
+        self._batches.inc()
+        self._batched_requests.inc(size)
+        self._batch_size.observe(size)
 
     def record_generation(self, outcome: str, prompt_tokens: int, completion_tokens: int, seconds: float) -> None:
-        with self._lock:
-            self.generations[outcome] += 1
-            self.prompt_tokens += prompt_tokens
-            self.generated_tokens += completion_tokens
-            self._generation_seconds += seconds
-            if outcome == "completed" and completion_tokens > 0:
-                tpot = seconds / completion_tokens
-                self._tpot_sum += tpot
-                slot = next((i for i, b in enumerate(TPOT_BUCKETS) if tpot <= b), len(TPOT_BUCKETS))
-                self._tpot_counts[slot] += 1
+        self._generations.labels(outcome=outcome).inc()
+        self._prompt_tokens.inc(prompt_tokens)
+        self._generated_tokens.inc(completion_tokens)
+        self._generation_seconds.inc(max(0.0, seconds))
+        if outcome == "completed" and completion_tokens > 0:
+            self._tpot.observe(seconds / completion_tokens)
+
+    # ---- reading -------------------------------------------------------------------------------
+    def value(self, name: str, labels: dict[str, str] | None = None) -> float:
+        """A sample's current value (0 when it has none yet), e.g. ``value("oled_batches_total")``."""
+        return self.registry.get_sample_value(name, labels or {}) or 0.0
+
+    @property
+    def batches(self) -> int:
+        return int(self.value("oled_batches_total"))
+
+    @property
+    def batched_requests(self) -> int:
+        return int(self.value("oled_batched_requests_total"))
+
+    @property
+    def generations(self) -> dict[str, int]:
+        return {o: int(self.value("oled_generations_total", {"outcome": o})) for o in OUTCOMES}
 
     def render(self, queue_depth: int, running: int, offload: dict[str, Any] | None) -> str:
-        lines: list[str] = []
+        """The exposition text, with the scrape-time figures given here."""
+        from prometheus_client import generate_latest
 
-        def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, Any]]) -> None:
-            lines.append(f"# HELP {name} {help_text}")
-            lines.append(f"# TYPE {name} {kind}")
-            lines.extend(f"{name}{labels} {_fmt(value)}" for labels, value in samples)
-
-        with self._lock:
-            requests = sorted(self.requests.items())
-            metric("oled_requests_total", "counter", "HTTP requests by endpoint and status code.",
-                   [(f'{{endpoint="{e}",status="{s}"}}', n) for (e, s), n in requests])
-            metric("oled_requests_rejected_total", "counter", "Requests refused because the queue was full (429).",
-                   [("", self.rejected)])
-            metric("oled_generations_total", "counter", "Generations by outcome (aborted: the client left).",
-                   [(f'{{outcome="{k}"}}', v) for k, v in self.generations.items()])
-            metric("oled_prompt_tokens_total", "counter", "Prompt tokens of finished generations.",
-                   [("", self.prompt_tokens)])
-            metric("oled_generated_tokens_total", "counter", "Tokens generated.", [("", self.generated_tokens)])
-            metric("oled_generation_seconds_total", "counter", "Time spent generating.",
-                   [("", self._generation_seconds)])
-            metric("oled_batches_total", "counter", "generate calls (each decodes a batch of requests).",
-                   [("", self.batches)])
-            metric("oled_batched_requests_total", "counter",
-                   "Requests decoded by those calls (over oled_batches_total: the mean batch size).",
-                   [("", self.batched_requests)])
-            cumulative, samples = 0, []
-            for bound, count in zip((*TPOT_BUCKETS, "+Inf"), self._tpot_counts):
-                cumulative += count
-                samples.append((f'_bucket{{le="{bound}"}}', cumulative))
-            samples += [("_sum", self._tpot_sum), ("_count", cumulative)]
-            metric("oled_time_per_output_token_seconds", "histogram",
-                   "Generation time divided by completion tokens, per completed request.", samples)
-        metric("oled_queue_depth", "gauge", "Requests waiting for the model.", [("", queue_depth)])
-        metric("oled_requests_running", "gauge", "Requests being decoded now (the open rows of the current batch).",
-               [("", running)])
-        figures = offload or {}
-        metric("oled_offload_enabled", "gauge", "1 when experts are offloaded.", [("", int(offload is not None))])
-        metric("oled_expert_cache_hit_rate", "gauge", "Expert-cache hit rate since load (0 without offloading).",
-               [("", figures.get("hit_rate", 0.0))])
-        metric("oled_expert_bytes_copied_total", "counter", "Expert bytes copied host-to-device.",
-               [("", figures.get("bytes_copied", 0.0))])
-        metric("oled_cpu_expert_tokens_total", "counter", "Routing entries (token x expert) computed on the CPU.",
-               [("", figures.get("cpu_expert_tokens", 0.0))])
-        if figures.get("layer_hit_rates"):
-            metric("oled_expert_cache_layer_hit_rate", "gauge", "Expert-cache hit rate of each MoE layer.",
-                   [(f'{{layer="{i}"}}', rate) for i, rate in enumerate(figures["layer_hit_rates"])])
-        return "\n".join(lines) + "\n"
+        with self._scrape_lock:
+            self._live.figures = (queue_depth, running, offload)
+            return generate_latest(self.registry).decode()
 
 
-def _fmt(value: Any) -> str:
-    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
-        return str(int(value))
-    return repr(value) if isinstance(value, float) else str(value)
+def content_type() -> str:
+    """The media type of :meth:`Metrics.render`'s text (``prometheus_client.CONTENT_TYPE_LATEST``)."""
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    return CONTENT_TYPE_LATEST
+
+
+def _live_collector():
+    """A collector yielding what is read at scrape time: queue depth, running rows, expert-cache figures."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    class LiveFigures:
+        figures: tuple = (0, 0, None)
+
+        def collect(self):
+            queue_depth, running, offload = self.figures
+            figures = offload or {}
+            yield GaugeMetricFamily("oled_queue_depth", "Requests waiting for the model.", value=queue_depth)
+            yield GaugeMetricFamily("oled_requests_running",
+                                    "Requests being decoded now (the open rows of the current batch).", value=running)
+            yield GaugeMetricFamily("oled_offload_enabled", "1 when experts are offloaded.",
+                                    value=int(offload is not None))
+            yield GaugeMetricFamily("oled_expert_cache_hit_rate",
+                                    "Expert-cache hit rate since load (0 without offloading).",
+                                    value=figures.get("hit_rate", 0.0))
+            yield CounterMetricFamily("oled_expert_bytes_copied", "Expert bytes copied host-to-device.",
+                                      value=figures.get("bytes_copied", 0.0))
+            yield CounterMetricFamily("oled_cpu_expert_tokens",
+                                      "Routing entries (token x expert) computed on the CPU.",
+                                      value=figures.get("cpu_expert_tokens", 0.0))
+            rates = figures.get("layer_hit_rates")
+            if rates:
+                numbers = figures.get("layer_numbers") or list(range(1, len(rates) + 1))
+                family = GaugeMetricFamily("oled_expert_cache_layer_hit_rate",
+                                           "Expert-cache hit rate of each MoE layer (layer: the decoder layer, "
+                                           "from 1).", labels=["layer"])
+                for number, rate in zip(numbers, rates):
+                    family.add_metric([str(number)], rate)
+                yield family
+
+    return LiveFigures()

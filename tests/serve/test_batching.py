@@ -220,3 +220,69 @@ def test_batching_settings_are_checked(toy):
     (request, _), = _requests(engine, [{"question": QUESTIONS[0]}])
     with pytest.raises(ValueError, match="the prompt has 25 tokens, more than this server's limit of 20"):
         engine.submit(request)
+
+
+def test_concurrent_http_clients_share_a_generate_and_get_their_single_answers():
+    """Eight clients at once over HTTP (half streaming): one or two generate calls, every answer its own."""
+    import httpx
+
+    from oled_hf.serve.app import create_app
+
+    from .conftest import LiveServer
+
+    model, tokenizer = _toy(offloaded=False)
+    engine = Engine(model, tokenizer, max_queue=16, max_batch_size=8, batch_wait_ms=2000)
+    alone = {q: a[0] for q, a in zip(QUESTIONS, _alone(engine, [{"question": q} for q in QUESTIONS]))}
+    before = engine.metrics.batches
+    results: dict[str, str] = {}
+    barrier = threading.Barrier(len(QUESTIONS))
+
+    def ask(question: str, stream: bool) -> None:
+        body = {"messages": [{"role": "user", "content": question}], "max_tokens": 16, "stream": stream}
+        with httpx.Client(base_url=server.url, timeout=60, trust_env=False) as c:
+            barrier.wait()
+            if not stream:
+                results[question] = c.post("/v1/chat/completions", json=body).json()["choices"][0]["message"][
+                    "content"]
+                return
+            with c.stream("POST", "/v1/chat/completions", json=body) as r:
+                import json
+
+                chunks = [json.loads(line[6:]) for line in r.iter_lines()
+                          if line.startswith("data: ") and line != "data: [DONE]"]
+            results[question] = "".join(ch["choices"][0]["delta"].get("content", "") for ch in chunks)
+
+    with LiveServer(create_app(engine, "toy")) as server:
+        threads = [threading.Thread(target=ask, args=(q, i % 2 == 0)) for i, q in enumerate(QUESTIONS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        metrics = httpx.get(f"{server.url}/metrics", trust_env=False).text
+    assert results == alone
+    batches = next(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("oled_batches_total"))
+    assert batches - before <= 2  # eight requests at once: together (the first may start before the others arrive)
+
+
+def test_the_worker_waits_only_for_requests_that_are_arriving(toy):
+    """A lone request starts at once whatever --batch-wait-ms is; one being read or tokenized is waited for."""
+    import time
+
+    engine = _engine(toy, batch_wait_ms=5000)
+    engine.start()
+    try:
+        (lone, lone_sink), = _requests(engine, [{"question": QUESTIONS[0]}])
+        start = time.monotonic()
+        engine.submit(lone)
+        assert lone_sink.finished.wait(60) and time.monotonic() - start < 2.5
+        (a, a_sink), (b, b_sink) = _requests(engine, [{"question": QUESTIONS[1]}, {"question": QUESTIONS[2]}])
+        with engine.arrival():  # b is being tokenized by the HTTP layer when a is queued
+            engine.submit(a)
+            time.sleep(0.3)
+            assert not a_sink.finished.is_set()
+            engine.submit(b)
+            engine.arrived()
+        assert a_sink.finished.wait(60) and b_sink.finished.wait(60)
+        assert (engine.metrics.batches, engine.metrics.batched_requests) == (2, 3)
+    finally:
+        engine.stop()

@@ -17,6 +17,21 @@ def _samples(text: str) -> dict[str, float]:
     return out
 
 
+def test_metrics_are_prometheus_client_text():
+    """Rendered by prometheus_client from a private registry: parseable, with HELP/TYPE, per instance."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    a, b = Metrics(), Metrics()
+    a.record_batch(3)
+    a.record_generation("completed", 10, 4, 0.2)
+    families = {f.name: f for f in text_string_to_metric_families(a.render(2, 3, None))}
+    assert families["oled_batches"].type == "counter" and families["oled_batch_size"].type == "histogram"
+    assert families["oled_queue_depth"].samples[0].value == 2
+    assert families["oled_requests_running"].samples[0].value == 3
+    assert (a.batches, a.batched_requests, a.generations["completed"]) == (1, 3, 1)
+    assert (b.batches, b.generations["completed"]) == (0, 0)  # no shared global registry
+
+
 def test_metrics_count_requests_and_tokens(http):
     body = {"messages": [{"role": "user", "content": "count me"}], "max_tokens": 8, "block_length": 8}
     before = _samples(http.get("/metrics").text)
@@ -142,6 +157,9 @@ def test_offloaded_engine_reports_cache_figures(tiny_path, engine):
         assert 0 < figures["hit_rate"] <= 1 and figures["bytes_copied"] > 0 and figures["cpu_expert_tokens"] >= 0
         samples = _samples(offloaded.metrics.render(0, 0, figures))
         assert samples["oled_offload_enabled"] == 1 and samples["oled_expert_cache_hit_rate"] == figures["hit_rate"]
-        assert samples['oled_expert_cache_layer_hit_rate{layer="0"}'] == figures["layer_hit_rates"][0]
+        # MoE layers are labelled by decoder layer from 1 (the tiny model's layer 1 is dense): 2, 3, 4
+        assert figures["layer_numbers"] == [2, 3, 4]
+        assert samples['oled_expert_cache_layer_hit_rate{layer="2"}'] == figures["layer_hit_rates"][0]
+        assert 'oled_expert_cache_layer_hit_rate{layer="0"}' not in samples
     finally:
         offloaded.stop()

@@ -1,0 +1,238 @@
+"""Batched-serving benchmark: throughput and p50/p95 latency at 1, 4 and 8 concurrent clients.
+
+For each mode (``resident``: every expert on the device; ``offloaded``: ``--cache-ratio 0.4``) an
+``oled-moe serve`` process runs on a free loopback port; closed-loop clients (threads of this
+process, each sending its next request when its last one is answered) post greedy chat completions
+of the toy's 3-digit additions. The first pass, one client, answers every question alone (a batch of one): those are the
+single-request answers every later pass must reproduce, answer for answer. Loopback only, bounded by
+``--requests`` per pass and a per-request ``--timeout``.
+
+    .venv/bin/python eval/serve_bench.py                      # the toy, resident and offloaded, ~1 min on CPU
+    .venv/bin/python eval/serve_bench.py --modes resident --clients 1 8 --json
+
+Exit status 1 when an answer differs from its single-request answer or a request fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+MODES = ("resident", "offloaded")
+CACHE_RATIO = 0.4
+MAX_REQUESTS = 1024
+
+
+def _questions(count: int) -> list[str]:
+    """The first ``count`` questions of the toy's test split (it ships next to the toy checkpoint)."""
+    import oled_hf.toy
+
+    path = Path(oled_hf.toy.__file__).parent / "jsonl" / "test.jsonl"
+    with path.open() as f:
+        return [json.loads(line)["question"] for _, line in zip(range(count), f)]
+
+
+class _Server:
+    """``oled-moe serve`` in its own process on a free loopback port (the clients' threads share no GIL with it)."""
+
+    def __init__(self, args, mode: str):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        command = [sys.executable, "-m", "oled_hf.cli.serve", *([args.model] if args.model else []), "--port",
+                   str(self.port), "--device", args.device, "--max-batch-size", str(args.max_batch_size),
+                   "--batch-wait-ms", str(args.batch_wait_ms), "--max-queue", str(max(16, 2 * max(args.clients))),
+                   "--log-level", "warning", *(["--cache-ratio", str(CACHE_RATIO)] if mode == "offloaded" else [])]
+        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false",
+               "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}
+        self.proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def __enter__(self) -> _Server:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited: {self.proc.communicate()[1][-2000:]}")
+            try:
+                if httpx.get(f"{self.url}/health", trust_env=False, timeout=2).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                time.sleep(0.1)
+        self.__exit__()
+        raise RuntimeError("the server did not answer /health within 120 s")
+
+    def __exit__(self, *exc) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.communicate()
+
+
+class _Client:
+    """One keep-alive connection (``http.client``: light, so the clients take little CPU from the server)."""
+
+    def __init__(self, url: str, timeout: float):
+        host, port = url.removeprefix("http://").split(":")
+        self.conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+
+    def post(self, path: str, body: dict) -> dict:
+        self.conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        r = self.conn.getresponse()
+        data = r.read()
+        if r.status != 200:
+            raise RuntimeError(f"request failed: {r.status} {data[:200]!r}")
+        return json.loads(data)
+
+    def get(self, path: str) -> str:
+        self.conn.request("GET", path)
+        return self.conn.getresponse().read().decode()
+
+
+def _ask(client: _Client, question: str, args) -> tuple[str, float, int]:
+    body = {"messages": [{"role": "user", "content": question}], "max_tokens": args.max_tokens}
+    start = time.perf_counter()
+    out = client.post("/v1/chat/completions", body)
+    elapsed = time.perf_counter() - start
+    return out["choices"][0]["message"]["content"], elapsed, int(out["usage"]["completion_tokens"])
+
+
+def _metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def _pass(url: str, questions: list[str], clients: int, args) -> dict:
+    """``clients`` closed-loop clients share ``questions``; answers come back in question order."""
+    answers: list = [None] * len(questions)
+    latencies: list = [None] * len(questions)
+    tokens = [0] * len(questions)
+    next_index = iter(range(len(questions)))
+    lock = threading.Lock()
+
+    def client_loop() -> None:
+        client = _Client(url, args.timeout)
+        while True:
+            with lock:
+                i = next(next_index, None)
+            if i is None:
+                return
+            answers[i], latencies[i], tokens[i] = _ask(client, questions[i], args)
+
+    before = _Client(url, args.timeout).get("/metrics")
+    start = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        for future in [pool.submit(client_loop) for _ in range(clients)]:
+            future.result()
+    wall = time.perf_counter() - start
+    after = _Client(url, args.timeout).get("/metrics")
+    batches = _metric(after, "oled_batches_total") - _metric(before, "oled_batches_total")
+    ordered = sorted(latencies)
+    return {
+        "clients": clients, "requests": len(questions), "wall_s": wall,
+        "tokens_per_s": sum(tokens) / wall, "requests_per_s": len(questions) / wall,
+        "p50_s": statistics.median(ordered), "p95_s": ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))],
+        "mean_batch": len(questions) / batches if batches else None, "answers": answers, "latencies": ordered,
+    }
+
+
+def bench_mode(mode: str, questions: list[str], args) -> list[dict]:
+    """Every client count, ``--rounds`` times interleaved (load from elsewhere hits them alike); the
+    median round's throughput, latencies pooled over the rounds."""
+    runs: dict[int, list[dict]] = {c: [] for c in args.clients}
+    with _Server(args, mode) as server:
+        _pass(server.url, questions[: min(8, len(questions))], 1, args)  # warm-up, untimed
+        for _ in range(args.rounds):
+            for clients in args.clients:
+                runs[clients].append(_pass(server.url, questions, clients, args))
+    rows = []
+    for passes in runs.values():
+        by_speed = sorted(passes, key=lambda r: r["tokens_per_s"])
+        row = dict(by_speed[len(by_speed) // 2])
+        pooled = sorted(t for r in passes for t in r["latencies"])
+        row.update(mode=mode, rounds=len(passes), p50_s=statistics.median(pooled),
+                   p95_s=pooled[min(len(pooled) - 1, int(0.95 * len(pooled)))],
+                   tokens_per_s_range=[by_speed[0]["tokens_per_s"], by_speed[-1]["tokens_per_s"]],
+                   answers_each=[r["answers"] for r in passes])
+        rows.append(row)
+    single = runs[1][0]["answers"] if 1 in runs else None
+    for row in rows:
+        row["identical"] = None if single is None else all(a == single for a in row.pop("answers_each"))
+        row["speedup"] = row["tokens_per_s"] / rows[0]["tokens_per_s"] if rows[0]["clients"] == 1 else None
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    head = (f"{'mode':<10}{'clients':>8}{'req':>6}{'tok/s':>9}{'(range)':>14}{'req/s':>8}{'x1':>7}{'p50 ms':>9}"
+            f"{'p95 ms':>9}{'batch':>7}  identical")
+    lines = [head]
+    for r in rows:
+        batch = f"{r['mean_batch']:.1f}" if r["mean_batch"] else "-"
+        speedup = f"{r['speedup']:.2f}" if r["speedup"] else "-"
+        same = {True: "yes", False: "NO", None: "-"}[r["identical"]]
+        low, high = r["tokens_per_s_range"]
+        lines.append(f"{r['mode']:<10}{r['clients']:>8}{r['requests']:>6}{r['tokens_per_s']:>9.1f}"
+                     f"{f'({low:.0f}-{high:.0f})':>14}{r['requests_per_s']:>8.1f}{speedup:>7}"
+                     f"{r['p50_s'] * 1e3:>9.1f}{r['p95_s'] * 1e3:>9.1f}"
+                     f"{batch:>7}  {same}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="checkpoint folder (default: the shipped 3-digit toy)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    p.add_argument("--clients", nargs="+", type=int, default=[1, 4, 8],
+                   help="concurrent clients per pass; the first should be 1 (the single-request answers)")
+    p.add_argument("--requests", type=int, default=64, help=f"requests per pass (at most {MAX_REQUESTS})")
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--max-batch-size", type=int, default=8)
+    p.add_argument("--batch-wait-ms", type=float, default=10.0)
+    p.add_argument("--threads", type=int, default=1, help="the server's torch CPU threads (OMP_NUM_THREADS)")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds one request may take")
+    p.add_argument("--rounds", type=int, default=3, help="passes per client count (the median is shown)")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
+    args = p.parse_args(argv)
+    if not 1 <= args.requests <= MAX_REQUESTS:
+        p.error(f"--requests {args.requests} is invalid: must be in 1..{MAX_REQUESTS}")
+    if any(c < 1 for c in args.clients):
+        p.error("--clients must all be at least 1")
+    if not 1 <= args.rounds <= 20:
+        p.error(f"--rounds {args.rounds} is invalid: must be in 1..20")
+
+    questions = _questions(args.requests)
+    rows = [row for mode in args.modes for row in bench_mode(mode, questions, args)]
+    if args.json:
+        print(json.dumps([{k: v for k, v in r.items() if k not in ("answers", "latencies")} for r in rows], indent=2))
+    else:
+        print(f"{args.requests} greedy chat requests per pass, {args.rounds} rounds (median shown), "
+              f"max_tokens {args.max_tokens}, max batch "
+              f"{args.max_batch_size}, batch wait {args.batch_wait_ms:g} ms, {args.threads} torch thread(s), "
+              f"device {args.device}; offloaded = cache_ratio {CACHE_RATIO}")
+        print(table(rows))
+    ok = all(r["identical"] is not False for r in rows)
+    if not ok:
+        print("some answers differ from their single-request answers", file=sys.stderr)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
