@@ -3,7 +3,11 @@
 Each measurement runs in a fresh process: RSS after importing torch/transformers is the baseline;
 peak RSS (ru_maxrss) after ``from_pretrained`` minus that baseline is what loading cost.
 
-    .venv/bin/python eval/load_memory.py --model checkpoints_out/small [--cache-ratio 0.4]
+    .venv/bin/python eval/load_memory.py [--model DIR] [--cache-ratio 0.4]
+
+Without ``--model`` it measures the ``small`` preset (random weights, 387 MB) in the user's cache
+folder shared with ``make bench`` and ``eval/experts_speed.py`` (``~/.cache/oled-hf/small`` or
+``$XDG_CACHE_HOME/oled-hf/small``), made there on first use, never inside the repository.
 """
 
 from __future__ import annotations
@@ -13,6 +17,9 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling script, also when loaded by path
+from bench_generate import cache_dir  # noqa: E402  (one cache folder for the benchmark checkpoints)
 
 CHILD = r"""
 import json, resource, sys
@@ -39,15 +46,38 @@ def measure(mode: str, path: str, ratio: float, store: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
+def default_model() -> Path:
+    """The small preset in the user's cache, the very checkpoint ``make bench`` (bench_generate.py) uses."""
+    return cache_dir() / "small"
+
+
+def checkpoint_size_mb(path: Path) -> float:
+    """MiB of ``path``'s safetensors shards, or a ValueError naming the folder when it has none."""
+    size = sum(f.stat().st_size for f in path.glob("*.safetensors")) / 2**20
+    if not size:
+        raise ValueError(f"--model {path}: no *.safetensors files in that folder")
+    return size
+
+
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="checkpoints_out/small")
+    p.add_argument("--model", type=Path, default=None,
+                   help="checkpoint folder (default: ~/.cache/oled-hf/small, the small preset, made on first use)")
     p.add_argument("--cache-ratio", type=float, default=0.4)
-    args = p.parse_args()
-    size_mb = sum(f.stat().st_size for f in Path(args.model).glob("*.safetensors")) / 2**20
-    print(f"checkpoint: {args.model}, {size_mb:.1f} MiB of safetensors")
+    args = p.parse_args(argv)
+    path = args.model or default_model()
+    if args.model is None and not (path / "config.json").is_file():
+        from oled_hf.checkpoints.factory import make_checkpoint
+
+        make_checkpoint(path, preset="small", seed=0)
+        print(f"made the small preset checkpoint (random weights) at {path}")
+    try:
+        size_mb = checkpoint_size_mb(path)
+    except ValueError as err:
+        p.error(str(err))  # one line, exit status 2, before any measurement
+    print(f"checkpoint: {path}, {size_mb:.1f} MiB of safetensors")
     for mode, store in (("resident", "auto"), ("offload", "pinned"), ("offload", "mmap")):
-        m = measure(mode, args.model, args.cache_ratio, store)
+        m = measure(mode, str(path), args.cache_ratio, store)
         cost = m["peak_mb"] - m["baseline_mb"]
         print(f"{mode:>8} store={store:<6}  peak over baseline {cost:8.1f} MiB = {cost / size_mb:.2f}x checkpoint; "
               f"resident after load {m['after_mb'] - m['baseline_mb']:8.1f} MiB")

@@ -112,3 +112,20 @@ def test_no_loading_weights_bar_in_a_piped_log(tiny_path, tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 0, err
     assert "Loading weights" not in err and "it/s]" not in err, err
+
+
+def test_load_memory_keeps_its_checkpoint_out_of_the_repository(monkeypatch, tmp_path, capsys):
+    import importlib.util
+
+    import pytest
+
+    spec = importlib.util.spec_from_file_location("load_memory", ROOT / "eval" / "load_memory.py")
+    load_memory = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(load_memory)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert load_memory.default_model() == tmp_path / "oled-hf" / "small"  # shared with make bench
+    assert ROOT not in load_memory.default_model().parents
+    with pytest.raises(SystemExit) as exit_:
+        load_memory.main(["--model", str(tmp_path)])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.endswith(f"error: --model {tmp_path}: no *.safetensors files in that folder\n")
