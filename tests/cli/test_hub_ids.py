@@ -124,3 +124,66 @@ def test_prepare_names_an_id_that_is_not_cached(hub_cache, tmp_path, capsys):
     assert err.startswith("oled-moe prepare: error: SRC inclusionAI/LLaDA2.0-mini: no such folder, and no cached "
                           "Hugging Face hub model inclusionAI/LLaDA2.0-mini in ") and err.count("\n") == 1
     assert not (tmp_path / "out").exists()
+
+
+def _online(monkeypatch, answer):
+    """The hub "on", with ``snapshot_download`` replaced by ``answer`` (nothing reaches the network)."""
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    calls = []
+
+    def fake(repo_id, **kwargs):
+        calls.append((repo_id, kwargs))
+        return answer(repo_id)
+
+    monkeypatch.setattr(constants, "is_offline_mode", lambda: False)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
+    return calls
+
+
+def test_online_an_id_is_downloaded_through_snapshot_download(cached_tiny, monkeypatch):
+    calls = _online(monkeypatch, lambda repo_id: str(cached_tiny))
+    assert common.resolve_model("org/tiny@v1") == cached_tiny
+    (repo_id, kwargs), = calls
+    assert repo_id == "org/tiny" and kwargs["revision"] == "v1" and kwargs["local_files_only"] is False
+    assert "*.safetensors" in kwargs["allow_patterns"] and "*.bin" not in kwargs["allow_patterns"]
+
+
+def test_online_an_unknown_id_is_one_line(hub_cache, monkeypatch):
+    import httpx2
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    def missing(repo_id):
+        response = httpx2.Response(401, request=httpx2.Request("GET", f"https://huggingface.co/api/models/{repo_id}"))
+        raise RepositoryNotFoundError("401 Client Error. Repository Not Found", response=response)
+
+    _online(monkeypatch, missing)
+    with pytest.raises(ValueError, match=r"^--model org/typo: no such folder, and the Hugging Face hub has no model "
+                                         r"org/typo \(or it is private: log in with `hf auth login`\)$"):
+        common.resolve_model("org/typo")
+
+    def unreachable(repo_id):
+        raise OSError("Connection refused\nretry later")
+
+    _online(monkeypatch, unreachable)
+    with pytest.raises(ValueError, match=rf"^--model org/tiny: no such folder, and the Hugging Face hub model org/tiny "
+                                         rf"is neither in {hub_cache} nor reachable: Connection refused retry later$"):
+        common.resolve_model("org/tiny")
+
+
+def test_names_that_cannot_be_ids_keep_the_folder_message(hub_cache, monkeypatch):
+    _online(monkeypatch, lambda repo_id: pytest.fail("a path is not an id"))
+    for name in ("./org/tiny", "/abs/org", "a/b/c", "~/models/x", "no/such/model!"):
+        with pytest.raises(ValueError, match=r": no such folder \(give a checkpoint folder"):
+            common.resolve_model(name)
+
+
+def test_a_subcommand_runs_on_a_cached_id(cached_tiny, tmp_path, capsys):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello\n")
+    code = main(["trace", "record", "--model", "org/tiny", "--prompts", str(prompts), "--out",
+                 str(tmp_path / "t.trace"), "--max-new-tokens", "8", "--block-length", "8"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert captured.out.startswith("recorded 1 prompts, ") and (tmp_path / "t.trace").is_file()
