@@ -30,10 +30,11 @@ from oled_hf.sim import predictors as P  # noqa: E402
 from oled_hf.sim.trace import Trace, load_trace  # noqa: E402
 
 PROG = "predictor_quality.py"
-BY_POSITION = ("next-16 oracle", "next-oracle", "lru", "oled", "(g) + (h) + lru")
+BY_POSITION = ("next-16 oracle", "next-oracle", "lru", "oled", "combined (c,f,g,h)")
 LADDER_ORDER = ("MIN", "MIN+bypass", "next-oracle", "next-2 oracle", "next-4 oracle", "next-16 oracle",
                 "previous set", "lru", "lfu", "oled", "persisting (b) + lru", "weighted (c) + lru",
-                "periodic (f) + lru", "phase starts (g) + lru", "token memory (h) + lru", "(g) + (h) + lru")
+                "periodic (f) + lru", "phase starts (g) + lru", "token memory (h) + lru", "(g) + (h) + lru",
+                "combined (c,f,g,h)")
 
 
 def slots_for(pct: float, num_experts: int) -> int:
@@ -76,7 +77,8 @@ def analyse(trace: Trace, table: P.PersistenceTable, capacities: list[int], oled
         "forwards": trace.num_forwards,
         "ladder": [{"name": r.name, "capacity": r.capacity, "hits": r.hits, "requests": r.requests,
                     "hit_rate": r.hit_rate, "per_layer_hits": r.per_layer_hits,
-                    "per_position_hits": r.per_position_hits, "per_position_requests": r.per_position_requests}
+                    "per_position_hits": r.per_position_hits, "per_position_requests": r.per_position_requests,
+                    "return_hits_by_age": r.return_hits_by_age}
                    for r in ladder],
         "predictors": [{"name": q.name, "precision": q.precision(), "recall": q.recall(),
                         "returns_recall": q.returns_recall(),
@@ -146,6 +148,17 @@ def format_report(name: str, a: dict, dev_rates: dict) -> str:
     out.append(_table(head, rows))
     out.append(f"returns: experts of S_t+1 not in S_t ({ages['returns']} of {ages['requests']} requests; "
                f"mean |S_t| {ages['mean_set']:.1f}); age: accesses since their last use before S_t")
+    head = ["returns hit, by age"] + ages["labels"] + ["all returns"]
+    rows = []
+    for c in caps:
+        for n in BY_POSITION:
+            r = by.get((n, c))
+            if r is None or not r["return_hits_by_age"]:
+                continue
+            rows.append([f"{n} @{c}"] + [_fmt(h / x if x else float("nan")) for h, x in
+                                         zip(r["return_hits_by_age"], tot)]
+                        + [_fmt(sum(r["return_hits_by_age"]) / max(tot.sum(), 1))])
+    out.append(_table(head, rows))
     head = ["predictor of S_t+1", "precision", "recall", "ret.recall"] + \
         [f"{p} P/R" for p in P.POSITIONS]
     rows = []

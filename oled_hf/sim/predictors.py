@@ -184,6 +184,20 @@ def predicted_set_priorities(predicted: np.ndarray, lru: np.ndarray) -> np.ndarr
     return BIG * predicted.astype(np.float64) + lru
 
 
+TIE_WEIGHT = 0.45  # chosen on the dev trace at block 16 among 0.1, 0.3, 0.45 (held-out never looked at)
+
+
+def combined_priorities(lru: np.ndarray, periodic: np.ndarray, phase: np.ndarray, memory: np.ndarray,
+                        weighted: np.ndarray, tie: float = TIE_WEIGHT) -> np.ndarray:
+    """[F, E] the exploratory rung "combined": recency first; inside one access's experts (LRU's
+    fractional tie-break, < 0.5) the mean of the four signals (f), (g), (h), (c) times ``tie`` < 0.5,
+    so a signal never outranks a more recent access; plus the (g)/(h) predicted set above all."""
+    if not 0.0 <= tie < 0.5:
+        raise ValueError(f"tie={tie} must be in [0, 0.5): larger would outrank a more recent access")
+    signals = (periodic.astype(np.float64) + phase + memory + weighted) / 4.0
+    return lru + tie * signals + BIG * np.maximum(memory.astype(np.float64), phase)
+
+
 def policy_priorities(trace: Trace, policy: Any) -> np.ndarray:
     """[L, F, E] a ``CachePolicy``'s priority after each access, replaying the trace's timeline into it
     (routing, then events and block markers, as the controller delivers them; clock = forward + 1)."""
@@ -213,10 +227,12 @@ def oled_priorities(trace: Trace, config: Any = None) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------- cache
-def demand_cache(sets: np.ndarray, priority: np.ndarray, capacity: int) -> np.ndarray:
+def demand_cache(sets: np.ndarray, priority: np.ndarray, capacity: int,
+                 hit_mask: np.ndarray | None = None) -> np.ndarray:
     """Hits per access ([F] int) of one layer's demand cache, the planner's CPU-off rules (module docstring).
 
-    ``sets`` [F, E] bool, ``priority`` [F, E] (after each access's update; higher = keep), cold start.
+    ``sets`` [F, E] bool, ``priority`` [F, E] (after each access's update; higher = keep), cold start;
+    ``hit_mask`` ([F, E] bool, optional) receives which experts hit.
     """
     F, E = sets.shape
     if not 1 <= capacity <= E:
@@ -229,6 +245,8 @@ def demand_cache(sets: np.ndarray, priority: np.ndarray, capacity: int) -> np.nd
         hit = req[resident[req]]
         miss = req[~resident[req]]
         hits[t] = hit.size
+        if hit_mask is not None:
+            hit_mask[t, hit] = True
         if not miss.size:
             continue
         order = miss[np.argsort(prio[miss], kind="stable")]  # ascending priority, ties by id
@@ -265,6 +283,7 @@ class LadderRow:
     per_layer_hits: list[int] = field(default_factory=list)
     per_position_hits: list[int] = field(default_factory=list)  # by the access's position (POSITIONS)
     per_position_requests: list[int] = field(default_factory=list)
+    return_hits_by_age: list[int] = field(default_factory=list)  # hit returns by age (:func:`return_ages`)
 
     @property
     def hit_rate(self) -> float:
@@ -277,9 +296,12 @@ def _by_position(values: np.ndarray, position: np.ndarray) -> list[int]:
 
 
 def _row(name: str, capacity: int, acc: Accesses, prio: Callable[[int], np.ndarray]) -> LadderRow:
-    hits = np.stack([demand_cache(acc.sets[layer], prio(layer), capacity) for layer in range(acc.num_layers)])
+    mask = np.zeros(acc.sets.shape, dtype=bool)
+    hits = np.stack([demand_cache(acc.sets[layer], prio(layer), capacity, mask[layer])
+                     for layer in range(acc.num_layers)])
     return LadderRow(name, capacity, int(hits.sum()), int(acc.sets.sum()), hits.sum(1).tolist(),
-                     _by_position(hits, acc.position), _by_position(acc.sets.sum(-1), acc.position))
+                     _by_position(hits, acc.position), _by_position(acc.sets.sum(-1), acc.position),
+                     return_ages(acc, hits=mask).sum(0).tolist())
 
 
 def cache_ladder(trace: Trace, capacities: list[int], *, acc: Accesses | None = None,
@@ -306,10 +328,12 @@ def cache_ladder(trace: Trace, capacities: list[int], *, acc: Accesses | None = 
     mem = token_memory_sets(acc)
     mem_p = [predicted_set_priorities(mem[layer], lru[layer]) for layer in range(L)]
     both_p = [predicted_set_priorities(np.maximum(mem[layer], phase[layer]), lru[layer]) for layer in range(L)]
-    wt_p = None
+    wt_p = combo_p = None
     if table is not None:
         w = weighted_scores(acc, table)
         wt_p = [predicted_set_priorities(w[layer], lru[layer]) for layer in range(L)]
+        combo_p = [combined_priorities(lru[layer], periodic[layer], phase[layer], mem[layer], w[layer])
+                   for layer in range(L)]
     if oled is None:
         oled = oled_priorities(trace)
     rows: list[LadderRow] = []
@@ -331,6 +355,8 @@ def cache_ladder(trace: Trace, capacities: list[int], *, acc: Accesses | None = 
         rows.append(_row("phase starts (g) + lru", c, acc, lambda l: phase_p[l]))
         rows.append(_row("token memory (h) + lru", c, acc, lambda l: mem_p[l]))
         rows.append(_row("(g) + (h) + lru", c, acc, lambda l: both_p[l]))
+        if combo_p is not None:
+            rows.append(_row("combined (c,f,g,h)", c, acc, lambda l: combo_p[l]))
     return rows
 
 
@@ -617,12 +643,13 @@ def age_labels(edges: tuple[int, ...] = AGE_EDGES) -> list[str]:
     return out + [f">={edges[-1]}", "never"]
 
 
-def return_ages(acc: Accesses, edges: tuple[int, ...] = AGE_EDGES) -> np.ndarray:
+def return_ages(acc: Accesses, edges: tuple[int, ...] = AGE_EDGES, hits: np.ndarray | None = None) -> np.ndarray:
     """[positions, bins] count of returning experts (in S_{t+1}, not in S_t) per target position, by
     age: t minus the access of their last use (age 1: used by access t-1), or ``never`` used before.
 
     Why: a demand cache must hold S_t, so only returns are decided by retention; young returns are
-    what recency keeps, old ones need a longer-horizon value.
+    what recency keeps, old ones need a longer-horizon value. With ``hits`` ([L, F, E] bool, a cache's
+    hit masks) only the returns that cache hit are counted.
     """
     L, F, E = acc.sets.shape
     last = np.full((L, E), -1)
@@ -630,6 +657,8 @@ def return_ages(acc: Accesses, edges: tuple[int, ...] = AGE_EDGES) -> np.ndarray
     for t in range(F - 1):
         last[acc.sets[:, t]] = t
         ret = acc.sets[:, t + 1] & ~acc.sets[:, t]
+        if hits is not None:
+            ret &= hits[:, t + 1]
         age = t - last[ret]  # >= 1: last use before t (t itself is excluded by ~S_t)
         seen = last[ret] >= 0
         b = np.searchsorted(edges, age[seen], side="right") - 1

@@ -166,6 +166,18 @@ def test_demand_cache_ladder_hand_values(trace, acc):
     first = P.POSITIONS.index("first")
     assert rows["lru"].per_position_hits[first] == 0 + 1 + 0 + 1  # t0 and t3, both layers
     assert rows["lru"].per_position_requests[first] == 4 + 3 + 3 + 3
+    assert rows["lru"].return_hits_by_age == [0] * 7  # every return (4, 2, 3, 5 / 3, 4, 5) was evicted or new
+
+
+def test_combined_priorities_rank_signals_below_recency():
+    lru = np.array([[1.25, 1.25, 2.1]])
+    zero = np.zeros((1, 3))
+    got = P.combined_priorities(lru, np.array([[1.0, 0.0, 0.0]]), zero, zero, np.array([[0.0, 1.0, 0.0]]))
+    assert got.tolist() == [[1.25 + 0.45 / 4, 1.25 + 0.45 / 4, 2.1]]  # ties broken, never above expert 2
+    mem = np.array([[False, True, False]])
+    assert P.combined_priorities(lru, zero, zero, mem, zero)[0, 1] == P.BIG + 1.25 + 0.45 / 4
+    with pytest.raises(ValueError, match=r"tie=0.5 must be in \[0, 0.5\)"):
+        P.combined_priorities(lru, zero, zero, zero, zero, tie=0.5)
 
 
 @pytest.mark.parametrize("policy", ["lru", "lfu", "oled"])
