@@ -24,12 +24,21 @@ forward after a block). A denoising forward's rows get a *token class* from its 
 * ``weighted``: each route r of access t persists with probability q[layer, class(r)] (the
   per-token route persistence measured on a *dev* trace, :func:`persistence_table`); an expert's
   score is ``1 - prod_r (1 - q_r)`` and the set is the experts scoring >= 0.5;
+* ``periodic`` (f): the set of the latest earlier forward of the same sequence with the target's
+  kind and iteration (a block start is predicted by the previous block start);
+* ``phase starts`` (g): before a block or prompt start, the experts earlier starts used at least
+  half the time (as a score: the share of earlier starts that used each expert); else S_t;
+* ``token memory`` (h): ``persisting``, plus for each committed (or edited) row the k experts its
+  new token id routed to most often as a decoded row earlier in the trace;
 * ranked top-C at C slots: ``lru`` (recency, as ``LRUPolicy`` ranks), ``lfu`` (``LFUPolicy``),
-  ``weighted`` (the score above, then recency) and ``oled`` (``OledPolicy``'s priority, replayed).
+  ``weighted`` (the score above, then recency) and ``oled`` (``OledPolicy``'s priority, replayed);
+  ``keep-C`` is the same ranking after S_t (which a demand cache holds anyway).
 
 Precision = |P & S_{t+1}| / |P|, recall = |P & S_{t+1}| / |S_{t+1}|, pooled over accesses (micro),
-per layer and per target position. Per-token route persistence (the share of a row's top-k kept by
-the same row at t+1, for pairs of forwards of the same block and rows) is reported per class.
+per layer and per target position; *returns recall* is the recall of S_{t+1} minus S_t, the only
+experts a demand cache's eviction choice decides (:func:`return_ages` bins returns by how long ago
+they were last used). Per-token route persistence (the share of a row's top-k kept by the same row
+at t+1, for pairs of forwards of the same block and rows) is reported per class.
 
 **Ladder** (:func:`cache_ladder`): per layer at capacity C, CPU compute off (every miss copied),
 uniform split, cold start; hits counted per unique expert per access as the planner counts them.
@@ -42,7 +51,13 @@ prints); ``next-oracle h`` (knows the next h sets: experts used within h accesse
 first, sooner first, then LRU; h=1 is the next-iteration oracle); ``previous set`` (experts not
 used by access t-1 go first, then LRU: among the experts an access can evict this equals LRU,
 so it differs only where a request exceeds C); ``lru``; ``lfu``; ``oled`` (its priorities);
-and the predictors ``persisting`` and ``weighted`` used as retention (predicted set first, then LRU).
+the predictors (b), (c), (f), (g), (h) used as retention (predicted set or score first, then LRU);
+and ``combined`` (:func:`combined_priorities`), an exploratory rule tuned on a dev trace.
+
+Structural consequence (why confidence alone cannot beat LRU here): a demand cache must hold S_t,
+so its evictions are always among experts the current access does *not* use. A score that only
+ranks S_t's experts (persisting, weighted, the confidence part of oled) changes nothing unless the
+request exceeds C; a better retention rule has to predict which *idle* experts return.
 """
 
 from __future__ import annotations
