@@ -56,8 +56,9 @@ and ``combined`` (:func:`combined_priorities`), an exploratory rule tuned on a d
 
 Structural consequence (why confidence alone cannot beat LRU here): a demand cache must hold S_t,
 so its evictions are always among experts the current access does *not* use. A score that only
-ranks S_t's experts (persisting, weighted, the confidence part of oled) changes nothing unless the
-request exceeds C; a better retention rule has to predict which *idle* experts return.
+ranks S_t's experts (persisting, weighted) changes nothing unless the request exceeds C; oled's
+decayed score does rank idle experts, but by their past stability-weighted use, i.e. recency and
+frequency again. A better retention rule has to predict which *idle* experts return.
 """
 
 from __future__ import annotations
