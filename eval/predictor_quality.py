@@ -168,6 +168,10 @@ def format_report(name: str, a: dict, dev_rates: dict) -> str:
     out.append(_table(head, rows))
     out.append("ret.recall: share of the next access's *returning* experts (not used by this access) the "
                "predicted set holds; positions are the target's")
+    head = ["per layer P/R"] + [f"layer {l + 1}" for l in range(a["num_layers"])]
+    rows = [[q["name"]] + [f"{_fmt(p, '.2f')}/{_fmt(r, '.2f')}" for p, r in q["per_layer"]]
+            for q in a["predictors"] if "top-" not in q["name"] and "keep-" not in q["name"]]
+    out.append(_table(head, rows))
     head = ["token class at t", "rows", "persistence", "dev table", "experts", "in next", "only-class", "in next"]
     rows = []
     for lab, v in a["persistence"].items():
