@@ -143,6 +143,7 @@ def resolve_params(
 
     ``prompt_length`` None skips the checks that need a prompt (whether it fits the context).
     """
+    check_config_options(generation_config)
     gen = copy.deepcopy(generation_config) if generation_config is not None else GenerationConfig()
     seen: set[str] = set()
     explicit_transfer = kwargs.get("num_to_transfer") is not None
@@ -292,12 +293,32 @@ def pop_generation_options(kwargs: dict) -> None:
     names = set(GenerationConfig().to_dict()) | set(GENERATE_ARGUMENTS)
     neutral = neutral_generation_values()
     for name in sorted(k for k in kwargs if k in names):
-        value = kwargs.pop(name)
-        if value is None or name in NO_OP_OPTIONS or (name in neutral and _same(value, neutral[name])):
-            continue
-        reason = UNSUPPORTED_REASONS.get(name, "generate does not implement this Transformers option; leave it unset")
-        allowed = f" (only None or {neutral[name]!r})" if neutral.get(name) is not None else " (only None)"
-        raise ValueError(f"{name}={value!r} is not supported by block diffusion: {reason}{allowed}")
+        _refuse_option(name, kwargs.pop(name), neutral, "")
+
+
+def check_config_options(generation_config) -> None:
+    """The same rule for a ``generation_config`` (passed, or the checkpoint's ``generation_config.json``):
+    a Transformers option this decoder does not implement, set to a non-neutral value, raises
+    (``num_beams 4 (from generation_config)``) instead of being silently dropped."""
+    if generation_config is None:
+        return
+    neutral = neutral_generation_values()
+    for name in sorted(set(GenerationConfig().to_dict()) - HANDLED_OPTIONS):
+        _refuse_option(name, getattr(generation_config, name, None), neutral, f" (from {GENERATION_CONFIG})")
+
+
+# GenerationConfig fields resolve_params reads (validated there, never refused as unsupported).
+HANDLED_OPTIONS = {"max_new_tokens", "max_length", "do_sample", "temperature", "top_k", "top_p", "eos_token_id",
+                   "pad_token_id", "use_cache", "return_dict_in_generate", "stop_strings", "repetition_penalty",
+                   "min_new_tokens", "min_length"}
+
+
+def _refuse_option(name: str, value, neutral: dict, origin: str) -> None:
+    if value is None or name in NO_OP_OPTIONS or (name in neutral and _same(value, neutral[name])):
+        return
+    reason = UNSUPPORTED_REASONS.get(name, "generate does not implement this Transformers option; leave it unset")
+    allowed = f" (only None or {neutral[name]!r})" if neutral.get(name) is not None else " (only None)"
+    raise ValueError(f"{name}={value!r}{origin} is not supported by block diffusion: {reason}{allowed}")
 
 
 def check_unused_kwargs(kwargs: dict) -> None:

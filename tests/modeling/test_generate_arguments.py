@@ -90,6 +90,12 @@ def _with_generation_config(tiny_path, tmp_path, **fields):
      r"max_post_steps=1000000000 \(from generation_config\) is invalid: must be an integer from 0 to 256"),
     (dict(decoding="fast"), r"decoding='fast' \(from generation_config\) is invalid"),
     (dict(pad_token_id=-1), r"pad_token_id=-1 \(from generation_config\) is invalid"),
+    # Transformers options the decoder does not implement used to be dropped silently
+    (dict(no_repeat_ngram_size=3), r"no_repeat_ngram_size=3 \(from generation_config\) is not supported by block "
+                                   r"diffusion"),
+    (dict(num_beams=4), r"num_beams=4 \(from generation_config\) is not supported by block diffusion"),
+    (dict(output_scores=True), r"output_scores=True \(from generation_config\) is not supported by block diffusion"),
+    (dict(repetition_penalty=-1.0), r"repetition_penalty=-1.0 \(from generation_config\) is invalid"),
 ])
 def test_bad_generation_config_json_is_refused_at_load(tiny_path, tmp_path, fields, message):
     folder = _with_generation_config(tiny_path, tmp_path, **fields)
@@ -117,3 +123,14 @@ def test_bad_generation_config_set_on_the_model_is_named_at_generate(tiny_model)
             tiny_model.generate(PROMPT, max_new_tokens=8, block_length=0)
     finally:
         tiny_model.generation_config = saved
+
+
+def test_generation_config_controls_apply_and_unsupported_ones_raise(tiny_model):
+    """repetition_penalty / min_new_tokens in a generation_config apply as the arguments do (as in Transformers)."""
+    base = tiny_model.generation_config.to_dict()
+    penalised = tiny_model.generate(PROMPT, max_new_tokens=16, block_length=8, repetition_penalty=50.0)
+    config = GenerationConfig(**{**base, "repetition_penalty": 50.0})
+    assert torch.equal(tiny_model.generate(PROMPT, generation_config=config, max_new_tokens=16, block_length=8),
+                       penalised)
+    with pytest.raises(ValueError, match=r"num_beams=4 \(from generation_config\) is not supported by block diffusion"):
+        tiny_model.generate(PROMPT, generation_config=GenerationConfig(**{**base, "num_beams": 4}), max_new_tokens=8)
