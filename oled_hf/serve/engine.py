@@ -492,8 +492,7 @@ class Engine:
 
     def submit(self, request: GenerationRequest) -> None:
         """Queue a request, or raise :class:`QueueFull` at once; ``ValueError`` for parameters ``generate`` refuses."""
-        self.check(request)
-        request.key = self.batch_key(request)
+        request.key = self.batch_key(request, self.check(request))
         if not self._queue.put_nowait(request):
             self.metrics.count_rejected()
             raise QueueFull(f"the server is busy: {self.max_queue} requests are already waiting")
@@ -504,8 +503,10 @@ class Engine:
         if self._queue.remove(request):
             self.metrics.record_generation("aborted", 0, 0, 0.0)
 
-    def check(self, request: GenerationRequest) -> None:
-        """Run generate's own parameter validation now, so that a bad request never waits in the queue."""
+    def check(self, request: GenerationRequest):
+        """Run generate's own parameter validation now, so that a bad request never waits in the queue.
+
+        Returns the resolved ``DiffusionParams`` (None for a model-agnostic engine)."""
         prompt_len = int(request.input_ids.shape[1])
         if prompt_len > self.context_length:
             raise ValueError(f"the prompt has {prompt_len} tokens, more than this server's limit of "
@@ -517,44 +518,38 @@ class Engine:
                 raise ValueError(f"seed={request.seed} is refused by torch.Generator.manual_seed: {err}") from None
         resolve = _resolver()
         if resolve is None:  # a model-agnostic engine: generate will validate
-            return
-        resolve(self.model.config, getattr(self.model, "generation_config", None), prompt_len,
-                self._generate_kwargs(request))
+            return None
+        return resolve(self.model.config, getattr(self.model, "generation_config", None), prompt_len,
+                       self._generate_kwargs(request))
 
-    def batch_key(self, request: GenerationRequest) -> tuple:
+    def batch_key(self, request: GenerationRequest, params=None) -> tuple:
         """What must be equal for two requests to share one ``generate`` without changing either's answer.
 
         Everything ``generate`` takes per call except ``max_new_tokens`` and ``stop_strings`` (applied
         per row), plus the commit schedule's step count, which ``max_new_tokens`` shortens below
         ``steps``. A sampled request with a seed is alone with its key: its random draws are its own.
+        The block length comes first: :meth:`_joins` reads it. ``params``: what :meth:`check` resolved.
         """
         kwargs = self._generate_kwargs(request)
         shared = tuple(sorted((k, v) for k, v in kwargs.items() if k not in ("max_new_tokens", "stop_strings")))
         resolve = _resolver()
-        if resolve is None:
-            schedule = ("max_new_tokens", request.max_tokens)
+        if params is None and resolve is not None:
+            params = resolve(self.model.config, getattr(self.model, "generation_config", None), None, dict(kwargs))
+        if params is None:
+            block, schedule = kwargs["block_length"], ("max_new_tokens", request.max_tokens)
         else:
-            p = resolve(self.model.config, getattr(self.model, "generation_config", None), None, dict(kwargs))
-            schedule = ("steps", min(p.steps, max(1, p.max_new_tokens // p.minimal_topk)))
+            block = params.block_length
+            schedule = ("steps", min(params.steps, max(1, params.max_new_tokens // params.minimal_topk)))
         alone = id(request) if kwargs.get("do_sample") and request.seed is not None else None
-        return shared, schedule, alone
+        return block, shared, schedule, alone
 
     def _joins(self, batch: list[GenerationRequest], request: GenerationRequest) -> bool:
         """Whether ``request`` may join ``batch``: same key, not cancelled, and the batch's canvas fits the model."""
         if request.cancelled.is_set() or request.key != batch[0].key:
             return False
-        resolve = _resolver()
-        if resolve is None:
-            return True
         group = [*batch, request]
-        kwargs = {**self._generate_kwargs(batch[0]), "max_new_tokens": max(r.max_tokens for r in group)}
-        kwargs.pop("stop_strings", None)
-        try:
-            resolve(self.model.config, getattr(self.model, "generation_config", None),
-                    max(int(r.input_ids.shape[1]) for r in group), kwargs)
-        except ValueError:  # the longest prompt plus the longest answer would not fit the context
-            return False
-        return True
+        return canvas_fits(max(int(r.input_ids.shape[1]) for r in group), max(r.max_tokens for r in group),
+                           int(request.key[0]), self.model_context)
 
     def _generate_kwargs(self, request: GenerationRequest) -> dict:
         kwargs = dict(max_new_tokens=request.max_tokens, block_length=request.block_length or self.block_length,
@@ -685,6 +680,13 @@ def _resolver():
     except ImportError:
         return None
     return resolve_params
+
+
+def canvas_fits(longest_prompt: int, max_new_tokens: int, block_length: int, limit: int) -> bool:
+    """Whether a batch's canvas fits the model: the longest prompt plus the longest answer, rounded up to
+    whole blocks, within ``max_position_embeddings`` (the check ``generate`` makes, modeling.params.check_context).
+    Each request fits alone; together the longest prompt may meet another request's longer answer."""
+    return -(-(longest_prompt + max_new_tokens) // block_length) * block_length <= limit
 
 
 def batching_problem(max_batch_size: int, batch_wait_ms: float) -> str | None:

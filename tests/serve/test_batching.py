@@ -286,3 +286,56 @@ def test_the_worker_waits_only_for_requests_that_are_arriving(toy):
         assert (engine.metrics.batches, engine.metrics.batched_requests) == (2, 3)
     finally:
         engine.stop()
+
+
+def test_requests_that_fit_alone_but_not_together_batch_apart(toy):
+    """A long prompt and a long answer each fit the toy's 256 positions; on one canvas they would not."""
+    from oled_hf.serve.engine import canvas_fits
+
+    engine = _engine(toy)
+    long_prompt = GenerationRequest(input_ids=torch.full((1, 200), 5), max_tokens=8, emit=print)
+    long_answer = GenerationRequest(input_ids=torch.full((1, 10), 5), max_tokens=200, emit=print)
+    short = GenerationRequest(input_ids=torch.full((1, 30), 5), max_tokens=16, emit=print)
+    for r in (long_prompt, long_answer, short):
+        r.key = engine.batch_key(r, engine.check(r))
+    assert long_prompt.key == long_answer.key
+    assert not engine._joins([long_prompt], long_answer)
+    assert engine._joins([long_prompt], short) and engine._joins([long_answer], short)
+    assert canvas_fits(200, 56, 8, 256) and not canvas_fits(200, 57, 8, 256)
+
+
+def test_a_burst_of_worker_events_wakes_the_loop_once():
+    """Rows finishing together emit many events; the loop is woken (and takes the GIL) once for them all."""
+    import asyncio
+
+    from oled_hf.serve.app import _dispatcher
+
+    async def main() -> tuple[int, list, list]:
+        loop = asyncio.get_running_loop()
+        wakeups = 0
+        real = loop.call_soon_threadsafe
+
+        def counting(callback, *args):
+            nonlocal wakeups
+            wakeups += getattr(callback, "__name__", "") == "_flush"
+            return real(callback, *args)
+
+        loop.call_soon_threadsafe = counting
+        a, b = asyncio.Queue(), asyncio.Queue()
+        send_a, send_b = _dispatcher(loop).sender(a), _dispatcher(loop).sender(b)
+
+        def worker():
+            for i in range(3):
+                send_a(("delta", f"a{i}"))
+                send_b(("delta", f"b{i}"))
+
+        thread = threading.Thread(target=worker)
+        thread.start()
+        thread.join()  # the loop is busy meanwhile (as while it sends a response): the burst waits for it
+        got_a = [await a.get() for _ in range(3)]
+        got_b = [await b.get() for _ in range(3)]
+        return wakeups, got_a, got_b
+
+    wakeups, got_a, got_b = asyncio.run(main())
+    assert wakeups == 1
+    assert got_a == [("delta", "a0"), ("delta", "a1"), ("delta", "a2")] and [e[1] for e in got_b] == ["b0", "b1", "b2"]
