@@ -220,6 +220,11 @@ def test_script_prints_plots_and_refuses_to_overwrite(trace, tmp_path, capsys):
     assert err.strip() == f"predictor_quality.py: error: --out {out} exists; pass --overwrite to replace it"
     assert out.read_bytes() == before
     assert script.main(["--dev", str(path), str(path), "--capacity", "3", "--out", str(out), "--overwrite"]) == 0
+    js = tmp_path / "q.json"
+    js.write_text("mine")
+    capsys.readouterr()
+    assert script.main(["--dev", str(path), "--capacity", "3", "--json", str(js)]) == 2
+    assert "--json" in capsys.readouterr().err and js.read_text() == "mine"
 
 
 def test_script_rejects_bad_arguments_before_work(trace, tmp_path, capsys):
