@@ -60,7 +60,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--system", nargs="+", default=None, metavar="SYSTEM",
                    help="composed systems to replay: RETENTION[+PREFETCH][+DISPATCH][+ALLOCATION], e.g. "
                         "lru+cpu+reuse+adaptive, or a preset (oled, mixtral-offloading, hybrimoe, ktransformers, "
-                        "tide, moe-infinity, promoe, lru-full, ...); see oled_hf/offload/system.py")
+                        "tide, moe-infinity, promoe, lru-full, ...); see oled_hf/offload/system.py "
+                        "(default: the --policy list)")
     q.add_argument("--believed-cpu-scale", type=float, default=1.0, metavar="F",
                    help="the dispatcher believes the CPU is F x as fast as it is (time is charged at the truth)")
     q.add_argument("--believed-pcie-scale", type=float, default=1.0, metavar="F",
