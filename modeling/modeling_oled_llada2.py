@@ -423,9 +423,10 @@ logger = logging.getLogger(__name__)
 # lm-eval's autoregressive HF adapter: its log-likelihood loop reads shifted log-probs from model(input_ids).
 HFLM_SCORING = (os.path.join("lm_eval", "models", "huggingface.py"), "_loglikelihood_tokens")
 AUTOREGRESSIVE_WARNING = (
-    "this is a masked-diffusion LM: position i's logits predict token i (no shift), so {why} scores it as an "
+    "{name} is a masked-diffusion LM: position i's logits predict token i (no shift), so {why} scores it as an "
     "autoregressive LM and the numbers are wrong. Use generate() for text, and for lm-eval the oled_llada2 model "
-    "(python -m oled_hf.evaluation --model oled_llada2 ...), not --model hf. Warned once per model.")
+    "(oled-moe eval, or python -m oled_hf.evaluation --model oled_llada2 ...), not --model hf. Warned once per "
+    "model.")
 
 
 def autoregressive_use(input_ids, labels, mask_token_id: int, plain_call: bool) -> str | None:
@@ -595,7 +596,7 @@ class OledLLaDA2ForDiffusionLM(OledLLaDA2PreTrainedModel, DiffusionGenerationMix
             why = autoregressive_use(input_ids, labels, self.config.mask_token_id, plain)
             if why is not None:
                 self.__dict__["_warned_autoregressive"] = True
-                logger.warning(AUTOREGRESSIVE_WARNING.format(why=why))
+                logger.warning(AUTOREGRESSIVE_WARNING.format(name=type(self).__name__, why=why))
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,

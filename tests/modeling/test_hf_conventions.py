@@ -254,7 +254,7 @@ def _fresh(tiny_path):
 
 
 def _warnings(caplog):
-    return [r for r in caplog.records if r.name == MODELING_LOGGER and "masked-diffusion LM" in r.getMessage()]
+    return [r for r in caplog.records if r.name == MODELING_LOGGER and "is a masked-diffusion LM" in r.getMessage()]
 
 
 def test_causal_lm_labels_warn_once(tiny_path, caplog):

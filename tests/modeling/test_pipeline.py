@@ -48,3 +48,13 @@ def test_pipeline_from_path_with_trust_remote_code(tiny_path):
     assert out[0]["generated_text"][-1]["role"] == "assistant"
     assert pipe.model.generation_config.do_sample is False
     torch.testing.assert_close(pipe.model.lm_head.weight, pipe.model.lm_head.weight)
+
+
+def test_pipeline_forwards_hf_controls_and_refuses_typos(pipe, tiny_model, tiny_tokenizer):
+    # a generate typo through pipeline() fails as in Transformers instead of being logged and dropped
+    with pytest.raises(ValueError, match=r"`model_kwargs` are not used by the model: \[.max_new_token.\]"):
+        pipe("Once upon a time", max_new_token=8, block_length=8)
+    got = pipe("Once upon a time", max_new_tokens=8, block_length=8, repetition_penalty=50.0, return_tensors=True)
+    ids = tiny_tokenizer("Once upon a time", return_tensors="pt")
+    direct = tiny_model.generate(**ids, max_new_tokens=8, block_length=8, repetition_penalty=50.0)
+    assert got[0]["generated_token_ids"] == direct[0].tolist()
