@@ -66,6 +66,9 @@ def add_limit_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-alive-timeout", type=float, default=d.keep_alive,
                    help="seconds an idle keep-alive connection stays open after a response "
                         f"(default: {d.keep_alive:g})")
+    p.add_argument("--max-header-bytes", type=int, default=d.max_header_bytes,
+                   help="most bytes of an unfinished request head (request line and headers) buffered; past it "
+                        f"uvicorn answers 400 and closes (h11's limit) (default: {d.max_header_bytes})")
     p.add_argument("--max-connections", type=int, default=d.max_connections,
                    help="open connections kept; past it a new connection closes the oldest idle one, and beyond "
                         f"16 more with requests running uvicorn answers 503 (default: {d.max_connections})")
@@ -76,7 +79,7 @@ def limits_from(args: argparse.Namespace):
 
     return Limits(max_body_bytes=args.max_body_bytes, read_timeout=args.read_timeout,
                   keep_alive=args.keep_alive_timeout, max_connections=args.max_connections,
-                  request_timeout=args.request_timeout or None)
+                  request_timeout=args.request_timeout or None, max_header_bytes=args.max_header_bytes)
 
 
 def split_hosts(value: str) -> list[str]:

@@ -1,20 +1,36 @@
 """What keeps one client from taking the server down: body, time and connection limits, API-key rules.
 
-* :class:`Limits` holds every bound in one place (the CLI fills it; the README lists the defaults).
+Where uvicorn has the limit, uvicorn applies it (:meth:`Limits.uvicorn_options`):
+
+* ``timeout_keep_alive``: an idle keep-alive connection closes ``keep_alive`` seconds after a response;
+* ``limit_concurrency``: past ``max_connections + 16`` connections (or running requests) uvicorn
+  answers 503 itself;
+* ``h11_max_incomplete_event_size``: an unfinished request head (request line and headers) is
+  buffered up to ``max_header_bytes``, then refused (uvicorn answers 400 and closes); a head that
+  arrives whole in one read is parsed whatever its size, so this bounds memory held per slow
+  connection, not header size as such;
+* ``backlog``: how many connections the listening socket queues (see the comment there).
+
+What uvicorn (0.54) cannot do stays here, each for a stated reason:
+
 * :class:`Guard` is pure ASGI middleware (it never buffers a response, so SSE still streams). It
   first refuses requests a web page could make behind the user's back: a ``Host`` header that is
   not a name the server answers to (421; see :class:`HostPolicy`) and a POST body that is not
   ``application/json`` (415: a browser sends ``text/plain``, form or multipart bodies cross-origin
-  without a CORS preflight, and this server answers no preflight). Then it reads a POST body
-  itself, counting bytes: an announced ``Content-Length`` over the limit is
-  answered 413 before a byte is read, a chunked body is cut off at the limit, and a body that
+  without a CORS preflight, and this server answers no preflight); uvicorn checks neither (Starlette's
+  ``TrustedHostMiddleware`` answers 400 with a text body, without the loopback/bound-address rules
+  below or an OpenAI error object). Then it reads a POST body itself, counting bytes: uvicorn has
+  no body-size limit and no body-read timeout, so an announced ``Content-Length`` over the limit
+  is answered 413 before a byte is read, a chunked body is cut off at the limit, and a body that
   trickles in slower than ``read_timeout`` is answered 408. It turns any exception that escapes
-  the app into an OpenAI-style 500 without closing the connection, and counts requests for
-  ``/metrics``.
-* :func:`guarded_protocol` closes connections that open and never finish a request's headers
-  (uvicorn only times out idle connections *after* a response), and at the connection limit closes
-  the oldest idle one, so idle sockets cannot pile up until the process runs out of file
-  descriptors or crowd out clients that do send requests.
+  the app into an OpenAI-style 500 without closing the connection, counts requests for
+  ``/metrics``, and marks generation requests as arriving (the engine may wait for them to join a batch).
+* :func:`guarded_protocol` closes connections that open and never finish a request's headers:
+  uvicorn arms its keep-alive timer only *after* a response (``on_response_complete``), so a
+  connection that sends nothing, or headers one byte at a time, would stay open for ever. At the
+  connection limit it closes the oldest *idle* one: uvicorn's ``limit_concurrency`` answers 503 to
+  new requests instead, so idle sockets would crowd out clients that do send requests, or run the
+  process out of file descriptors.
 """
 
 from __future__ import annotations
@@ -46,6 +62,7 @@ class Limits:
     keep_alive: float = 5.0  # seconds an idle keep-alive connection stays open after a response
     max_connections: int = 128  # open connections; past it the oldest idle one is closed
     request_timeout: float | None = 300.0  # seconds of generation per request (None: no limit)
+    max_header_bytes: int = 16 * 1024  # an unfinished request head buffered (h11's own default, made explicit)
 
     def problems(self) -> list[str]:
         """What is wrong with these values, named by their CLI flag (empty when all is well)."""
@@ -55,6 +72,8 @@ class Limits:
         for flag, value in (("--read-timeout", self.read_timeout), ("--keep-alive-timeout", self.keep_alive)):
             if not value > 0:
                 out.append(f"{flag} {value:g} is invalid: must be more than 0 seconds")
+        if self.max_header_bytes < 1024:
+            out.append(f"--max-header-bytes {self.max_header_bytes} is invalid: must be at least 1024")
         if self.max_connections < 4:
             out.append(f"--max-connections {self.max_connections} is invalid: must be at least 4")
         if self.request_timeout is not None and not self.request_timeout > 0:
@@ -69,6 +88,7 @@ class Limits:
         # it is kept at half the connection limit: at most ~1.5 x max_connections sockets are open.
         return {"timeout_keep_alive": self.keep_alive, "limit_concurrency": self.max_connections + 16,
                 "backlog": max(16, self.max_connections // 2),
+                "h11_max_incomplete_event_size": self.max_header_bytes,
                 "http": guarded_protocol(self.read_timeout, self.max_connections)}
 
 

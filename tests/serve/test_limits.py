@@ -14,7 +14,7 @@ from .conftest import LiveServer
 from .test_concurrency import LONG, _aborted, _body
 from .test_errors import CHAT, GOOD, _error
 
-SMALL = dict(max_body_bytes=4096, read_timeout=0.5, keep_alive=0.5, max_connections=6)
+SMALL = dict(max_body_bytes=4096, read_timeout=0.5, keep_alive=0.5, max_connections=6, max_header_bytes=2048)
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +110,28 @@ def test_body_that_trickles_in_is_408(limited):
 
 
 # ---- 4: idle and slow connections, the connection limit -------------------------------------------
+def test_headers_over_the_limit_are_refused_by_uvicorn(limited):
+    """--max-header-bytes is uvicorn's own h11 limit (issue 27 item 7): an unfinished request head is
+    buffered up to it, then refused; no hand-written header parsing."""
+    import time
+
+    from oled_hf.serve.guard import Limits
+
+    assert Limits(**SMALL).uvicorn_options()["h11_max_incomplete_event_size"] == 2048
+    with _connect(limited.port) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 3000)
+        time.sleep(0.1)  # a head still unfinished past the limit
+        sock.sendall(b"\r\n\r\n")
+        sock.settimeout(5)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 400") and _closed_within(sock, 3)
+    with _connect(limited.port) as sock:  # under the limit: answered
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 1500)
+        time.sleep(0.1)
+        sock.sendall(b"\r\n\r\n")
+        assert _response(sock)[0] == 200
+    assert "--max-header-bytes 100 is invalid" in Limits(max_header_bytes=100).problems()[0]
+
+
 def test_idle_and_slow_header_connections_are_closed(limited):
     idle, slow = _connect(limited.port), _connect(limited.port)
     slow.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # headers never finished
