@@ -32,7 +32,9 @@ skipped entirely when absent, so results without it are unchanged):
 * ``repetition_penalty``: Transformers' ``RepetitionPenaltyLogitsProcessor`` rule over the tokens
   already in the row's sequence, i.e. the prompt plus every committed token (earlier blocks and the
   block's decoded positions; masks and padding excluded), at every position of the block alike; in
-  editing mode a decoded position's own token counts too.
+  editing mode a decoded position's own token counts too. Prefer it to passing Transformers'
+  ``RepetitionPenaltyLogitsProcessor`` as a ``logits_processor``: that one would also penalise the
+  mask and pad ids it finds in ``input_ids``, and the mask token's logit is part of every confidence.
 * ``min_new_tokens`` (and ``min_length``, which counts the longest prompt): EOS logits are -inf at
   positions whose new-token index is below it, so EOS is neither committed nor edited in there.
 * ``stopping_criteria``: called once per completed block (tokens inside a block are not final
@@ -159,6 +161,14 @@ class DiffusionGenerationMixin:
         tokenizer=None,
         **kwargs,
     ) -> torch.LongTensor | DiffusionGenerateOutput:
+        """Block-diffusion decoding of left-padded prompts; returns prompt + new tokens (EOS-cut, padded).
+
+        ``kwargs``: Transformers' generate arguments (``max_new_tokens``, ``do_sample``, ``stop_strings``,
+        ``logits_processor``, ``stopping_criteria``, ``repetition_penalty``, ``min_new_tokens``... with
+        the block-diffusion meaning of the module docstring) and the diffusion knobs of
+        ``params.resolve_params``. Everything is checked before the first forward; an argument nothing
+        here reads raises, as in Transformers.
+        """
         if kwargs.get("input_ids") is not None and inputs is not None:
             raise TypeError("generate() got multiple values for argument 'input_ids': passed positionally "
                             "(inputs) and as input_ids=; pass it once")
