@@ -1,14 +1,16 @@
 """The OpenAI-compatible HTTP API: ``create_app(engine, served_model_name, api_key=None, limits=Limits())``.
 
 Handlers validate on the event loop and tokenize in a thread (a long prompt must not freeze
-``/health`` or other clients), then hand the request to the engine's worker and wait for its events
-on an asyncio queue. A streamed answer starts only once decoding has begun, so anything
-``generate`` refuses still gets a plain 400; after that the client receives one SSE chunk per
-completed diffusion block. A client that leaves (while queued, waiting for a whole answer, or
-mid-stream) is noticed at once: a queued request gives up its place, a running one stops after the
-current diffusion iteration. Body size, read time and connections are bounded by :mod:`.guard`,
-which also refuses what a web page could send behind the user's back (a foreign ``Host``, a body
-that is not ``application/json``). No CORS headers are ever sent, so no other origin can read an
+``/health`` or other clients), then hand the request to the engine's worker, which decodes
+requests that arrive together in one batched ``generate`` (:mod:`.engine`), and wait for its
+events on an asyncio queue (delivered in bursts by :class:`_Dispatcher`). A streamed answer
+starts only once decoding has begun, so anything ``generate`` refuses still gets a plain 400;
+after that the client receives one SSE chunk per completed diffusion block. A client that leaves
+(while queued, waiting for a whole answer, or mid-stream) is noticed at once: a queued request
+gives up its place, a running one leaves its batch after the current diffusion iteration (the
+other rows decode on). Body size, read time and connections are bounded by :mod:`.guard`, which
+also refuses what a web page could send behind the user's back (a foreign ``Host``, a body that
+is not ``application/json``). No CORS headers are ever sent, so no other origin can read an
 answer.
 """
 
