@@ -16,7 +16,8 @@ from typing import Any
 from .budget import DEFAULT_GPU_MEMORY_UTILIZATION, parse_memory, slots_for_bytes
 from .dispatch import CPU_COMPUTE_MODES
 
-KNOWN_POLICIES = ("lfu", "lru", "moe-infinity", "oled", "prefetch", "static", "tide")
+KNOWN_POLICIES = ("lfu", "lru", "moe-infinity", "oled", "prefetch", "static", "tide", "score")
+DEFAULT_POLICY = "oled"
 STORE_MODES = ("auto", "mmap", "pinned")
 BUDGETS = ("cache_size", "cache_ratio", "max_gpu_memory")  # exactly one is given
 AUTO = "auto"  # cache_ratio="auto": sized from free GPU memory at load (budget.py)
@@ -47,6 +48,15 @@ class OffloadConfig:
     is refused at load (:meth:`resolve_slots`), as is a pool larger than the device's free memory.
     Cost-model overrides replace the values measured at load (``calibrate``) or the preset.
 
+    ``system``: the composed system to run (``oled_hf/offload/system.py``), a string of parts
+    ``RETENTION[+DISPATCH][+ALLOCATION]`` (``"lru+cpu+reuse+adaptive"``) or a preset name
+    (``"lru-full"``, ``"mixtral-offloading"``, ...). It replaces the legacy ``policy`` (which must then
+    be left at its default) and decides dispatch and allocation: ``layer_adaptive=False`` with an
+    ``adaptive`` system is refused; ``cpu_compute="off"`` (or ``"auto"`` on a CPU-only device) still
+    turns every miss into a copy; ``oled_background_copies``/``oled_background_min_reuse`` are the
+    knobs of a ``cpu+reuse`` dispatch. A prefetch part is refused: prefetchers run in replay only
+    (``oled-moe trace replay --system``). None: the legacy fields name the system.
+
     ``record_trace``: a file the routing trace of the loaded model is written to; one trace per
     load, holding every ``generate`` of that model in order (a sequence each), rewritten whole
     (atomically) after each ``generate``. Its folder must exist (none is created), the path must
@@ -65,7 +75,8 @@ class OffloadConfig:
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     auto_batch_size: int = 1
     auto_context_length: int | None = None  # None: the model's max_position_embeddings
-    policy: str = "oled"
+    policy: str = DEFAULT_POLICY
+    system: str | None = None  # "lru+cpu+reuse+adaptive" or a preset; replaces policy (see the docstring)
     layer_adaptive: bool = True
     cpu_compute: str = "auto"
     store: str = "auto"
@@ -133,6 +144,28 @@ class OffloadConfig:
         self._check_unit("gpu_memory_utilization", low_open=True)
         if self.record_trace is not None and (not isinstance(self.record_trace, str) or not self.record_trace):
             raise ValueError(f"record_trace={self.record_trace!r} is invalid: must be a file path or None")
+        self._check_system()
+
+    def _check_system(self) -> None:
+        """A ``system`` the live runtime can run, not contradicted by the legacy fields it replaces."""
+        if self.system is None:
+            return
+        # lazily: system.py imports the policies and the dispatcher, which need not load with a config
+        from .system import parse_system
+
+        system = parse_system(self.system)  # "system=... is invalid: ...; expected <grammar and presets>"
+        if self.policy != DEFAULT_POLICY:
+            raise ValueError(f"policy={self.policy!r} and system={self.system!r} are both given: the system names "
+                             f"the retention policy (its first part, here {system.retention!r}); leave policy at "
+                             f"its default ({DEFAULT_POLICY!r}) or give no system")
+        if system.prefetch != "none":
+            raise ValueError(f"system={self.system!r} is invalid for a live run: its prefetch part "
+                             f"{system.prefetch!r} runs in replay only (oled-moe trace replay --system); "
+                             f"a live system is RETENTION[+DISPATCH][+ALLOCATION], e.g. "
+                             f"{'+'.join((system.retention, system.dispatch, system.allocation))!r}")
+        if system.layer_adaptive and not self.layer_adaptive:
+            raise ValueError(f"layer_adaptive=False and system={self.system!r} disagree: the system's allocation "
+                             f"is 'adaptive'; name a '+uniform' system or leave layer_adaptive at True")
 
     def _check_budget(self) -> None:
         """Exactly one of the three budgets, each valid; the error names the field and what is allowed."""

@@ -36,12 +36,11 @@ from oled_hf.modeling.events import IterationEvent, IterationObserver
 
 from .allocation import AdaptiveAllocator, uniform_capacities
 from .costmodel import CostModel
-from .dispatch import Dispatcher
 from .layer_plan import LayerPlan
 from .planner import CacheState, SlotMove
-from .policies import make_policy
 from .policies.base import as_numpy
 from .stats import CacheStats
+from .system import System, build_dispatcher, build_policy, system_of_config
 
 if TYPE_CHECKING:  # the config builds the runtime (OffloadConfig.attach): no import back
     from .config import OffloadConfig
@@ -57,7 +56,14 @@ class DeferredAccess:
 
 
 class CacheController(IterationObserver):
-    """Planner + policy + dispatcher + allocator for one model instance."""
+    """Planner + policy + dispatcher + allocator for one model instance, built from one system.
+
+    ``system`` (default: the config's, :func:`~oled_hf.offload.system.system_of_config`) gives the
+    retention policy, the dispatch and the allocation; the config gives the budget and the knobs.
+    Its prefetch part is not run here (replay runs it beside the controller; the live runtime
+    refuses a config naming one). ``believed``: the cost model the dispatcher decides with
+    (default ``cost_model``, which is also what the slots are sized with).
+    """
 
     def __init__(
         self,
@@ -68,6 +74,8 @@ class CacheController(IterationObserver):
         *,
         capacities: list[int] | None = None,
         total_slots: int | None = None,
+        system: System | None = None,
+        believed: CostModel | None = None,
     ) -> None:
         self.config = config
         self.num_layers = num_layers
@@ -79,11 +87,12 @@ class CacheController(IterationObserver):
         caps = capacities if capacities is not None else uniform_capacities(self.total_slots, num_layers, num_experts)
         self.state = CacheState(num_layers, num_experts, caps, expert_bytes=cost_model.expert_bytes)
         self.total_slots = self.state.total_slots
-        self.policy = make_policy(config.policy, num_layers, num_experts, config)
+        self.system = system if system is not None else system_of_config(config)
+        self.policy = build_policy(self.system, num_layers, num_experts, config)
         self.policy.set_capacities(self.state.capacities)
-        self.dispatcher = Dispatcher(cost_model, config.cpu_compute)
+        self.dispatcher = build_dispatcher(self.system, believed if believed is not None else cost_model)
         self.allocator: AdaptiveAllocator | None = None
-        if config.layer_adaptive:
+        if self.system.layer_adaptive:
             self.allocator = AdaptiveAllocator(
                 num_layers,
                 num_experts,

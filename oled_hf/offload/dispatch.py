@@ -71,13 +71,12 @@ class Dispatcher:
         cost_model: CostModel | None,
         cpu_compute: str = "auto",
         *,
-        reuse_copies: int | None = None,
+        reuse_copies: int = 0,
         reuse_min: float = 1.0,
     ) -> None:
         """``cpu_compute`` off: mode ``copy``; else ``cpu``, or ``cpu+reuse`` with ``reuse_copies`` > 0.
 
-        ``reuse_copies=None``: not stated by a system (the controller's legacy construction): the
-        planner then binds it once from the policy's configured preset (:meth:`bind_legacy`).
+        A system's dispatcher is built by :meth:`for_mode` (``oled_hf.offload.system.build_dispatcher``).
         """
         # "auto" is "on" here: the live runtime resolves "auto" by its device before planning, and
         # replay simulates hardware with an accelerator
@@ -85,7 +84,7 @@ class Dispatcher:
             raise ValueError(f"cpu_compute={cpu_compute!r} is unknown; allowed: {', '.join(CPU_COMPUTE_MODES)}")
         if cpu_compute != "off" and cost_model is None:
             raise ValueError(f"Dispatcher with cpu_compute={cpu_compute!r} needs a cost model")
-        if reuse_copies is not None and (not isinstance(reuse_copies, int) or reuse_copies < 0):
+        if isinstance(reuse_copies, bool) or not isinstance(reuse_copies, int) or reuse_copies < 0:
             raise ValueError(f"reuse_copies={reuse_copies!r} is invalid: must be an integer >= 0")
         if not (math.isfinite(reuse_min) and reuse_min >= 0):
             raise ValueError(f"reuse_min={reuse_min!r} is invalid: must be a number >= 0")
@@ -110,14 +109,6 @@ class Dispatcher:
         if not self.cpu_enabled:
             return "copy"
         return "cpu+reuse" if self.reuse_copies else "cpu"
-
-    def bind_legacy(self, policy: object) -> None:
-        """Transitional: a dispatcher built without a system takes the reuse copies the config gave the
-        policy (``OffloadConfig.oled_background_copies`` for ``oled``), once. Removed when the controller
-        builds its dispatcher from the system (``oled_hf.offload.system.build_dispatcher``)."""
-        if self.reuse_copies is None:
-            self.reuse_copies = int(getattr(policy, "config_reuse_copies", 0)) if self.cpu_enabled else 0
-            self.reuse_min = float(getattr(policy, "config_reuse_min", self.reuse_min))
 
     @property
     def cpu_enabled(self) -> bool:

@@ -22,11 +22,13 @@ as the report ran them) and the published systems the report compares (``mixtral
 ``hybrimoe``, ...). Knobs (a tuned TIDE interval, the number of reuse copies) are not part of the
 name: they travel beside it in :class:`System.knobs` as ``part.knob`` keys.
 
-The controller the live runtime and replay share is built from a config; :func:`build_controller`
-builds it and then installs the system's parts (policy, dispatcher), so a system whose parts a
-legacy config expresses (``system_of_legacy``) plans exactly as that config does (tested by plan
-checksums). OffloadConfig has no ``system`` field yet: :func:`parse_system` is what its validation
-would call, and :func:`build_dispatcher` what the controller would call (see the README).
+The controller the live runtime and replay share builds its parts from a system: the config's
+(:func:`system_of_config`: ``OffloadConfig.system``, else the legacy ``policy``/``cpu_compute``/
+``layer_adaptive`` fields) or one handed to it (:func:`build_controller`, replay's ``--system``,
+whose knobs a config string cannot carry). A legacy config and the system of its parts
+(``system_of_legacy``) therefore plan identically (tested, and by the plan checksums).
+``OffloadConfig`` validates its ``system`` with :func:`parse_system` and refuses a prefetch part:
+prefetchers run in replay only (the live executor issues no copies ahead of the plan).
 """
 
 from __future__ import annotations
@@ -47,8 +49,8 @@ if TYPE_CHECKING:
 RETENTIONS = ("oled", "lru", "lfu", "static", "tide", "moe-infinity", "score")
 ALLOCATIONS = ("uniform", "adaptive")
 KNOB_PARTS = ("retention", "prefetch", "dispatch")
-# retention parts an OffloadConfig can name (config.KNOWN_POLICIES); others are installed after
-_CONFIG_POLICIES = ("lfu", "lru", "moe-infinity", "oled", "static", "tide")
+# retention parts an OffloadConfig's ``policy`` can name (config.KNOWN_POLICIES less the legacy "prefetch")
+_CONFIG_POLICIES = ("lfu", "lru", "moe-infinity", "oled", "score", "static", "tide")
 
 SYSTEM_PRESETS: dict[str, str] = {
     # the old policy names, as the report ran them
@@ -135,6 +137,7 @@ def parse_system(text: str) -> System:
     """A system from its name (a preset, or parts joined by '+', see the module docstring)."""
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"system={text!r} is invalid: expected {_grammar()}")
+    bad = f"system={text!r} is invalid"  # every message names the string as given
     text = text.strip()
     if text in SYSTEM_PRESETS:
         text = SYSTEM_PRESETS[text]
@@ -147,7 +150,7 @@ def parse_system(text: str) -> System:
         else:
             merged.append(tok)
     if merged[0] not in RETENTIONS:
-        raise ValueError(f"system={text!r}: the first part must be a retention policy ({', '.join(RETENTIONS)}), "
+        raise ValueError(f"{bad}: the first part must be a retention policy ({', '.join(RETENTIONS)}), "
                          f"got {merged[0]!r}; expected {_grammar()}")
     parts: dict[str, str] = {"retention": merged[0]}
     order = [("prefetch", PREFETCHERS), ("dispatch", DISPATCH_MODES), ("allocation", ALLOCATIONS)]
@@ -156,13 +159,13 @@ def parse_system(text: str) -> System:
         for i, (name, allowed) in enumerate(order):
             if tok in allowed:
                 if i < pos or name in parts:
-                    raise ValueError(f"system={text!r}: part {tok!r} ({name}) is repeated or out of order; "
+                    raise ValueError(f"{bad}: part {tok!r} ({name}) is repeated or out of order; "
                                      f"expected {_grammar()}")
                 parts[name], pos = tok, i + 1
                 break
         else:
             hint = " ('reuse' follows 'cpu': cpu+reuse)" if tok == "reuse" else ""
-            raise ValueError(f"system={text!r}: unknown part {tok!r}{hint}; expected {_grammar()}")
+            raise ValueError(f"{bad}: unknown part {tok!r}{hint}; expected {_grammar()}")
     return System(**parts)
 
 
@@ -185,29 +188,40 @@ def system_of_legacy(policy: str, cpu_compute: str = "auto", layer_adaptive: boo
 
 
 def system_of_config(config: OffloadConfig) -> System:
-    """The system an OffloadConfig runs: its ``system`` string if it has one (a field still to be added
-    to OffloadConfig), else the legacy ``policy``/``cpu_compute``/``layer_adaptive`` fields.
+    """The system an OffloadConfig runs: its ``system`` string if it has one, else the legacy
+    ``policy``/``cpu_compute``/``layer_adaptive`` fields (``system_of_legacy``).
 
     ``cpu_compute="off"`` (what the live runtime passes where the device is the CPU) makes the
     dispatch ``copy`` whatever the system says: on such a machine CPU compute saves nothing.
+    ``oled_background_copies``/``oled_background_min_reuse`` are the knobs of a ``cpu+reuse``
+    dispatch (named for the preset that had them first): ``reuse_copies``/``reuse_min``, where not
+    at their defaults; 0 copies is the dispatch ``cpu``.
     """
+    copies, min_reuse = int(config.oled_background_copies), float(config.oled_background_min_reuse)
     text = getattr(config, "system", None)
     if text:
         system = parse_system(text)
         if config.cpu_compute == "off" and system.dispatch != "copy":
             system = dataclasses.replace(system, dispatch="copy")
-        return system
-    system = system_of_legacy(config.policy, config.cpu_compute, config.layer_adaptive,
-                              int(config.oled_background_copies))
-    if system.dispatch == "cpu+reuse" and float(config.oled_background_min_reuse) != 1.0:
-        system = system.with_knobs(dispatch__reuse_min=float(config.oled_background_min_reuse))
+        if system.dispatch == "cpu+reuse" and copies == 0:
+            system = dataclasses.replace(system, dispatch="cpu")
+        elif system.dispatch == "cpu+reuse" and copies != 2:
+            system = system.with_knobs(dispatch__reuse_copies=copies)
+    else:
+        system = system_of_legacy(config.policy, config.cpu_compute, config.layer_adaptive, copies)
+    if system.dispatch == "cpu+reuse" and min_reuse != 1.0:
+        system = system.with_knobs(dispatch__reuse_min=min_reuse)
     return system
 
 
 def legacy_config_fields(system: System) -> dict[str, Any]:
-    """OffloadConfig fields that express as much of the system as a config can (the rest is installed)."""
+    """OffloadConfig fields that express as much of the system as a config's legacy fields can.
+
+    ``system`` is cleared: a controller given a :class:`System` builds from it, not from a string
+    (a config may not name both a system and a non-default policy).
+    """
     policy = system.retention if system.retention in _CONFIG_POLICIES else "lru"
-    out: dict[str, Any] = {"policy": policy, "cpu_compute": system.cpu_compute,
+    out: dict[str, Any] = {"system": None, "policy": policy, "cpu_compute": system.cpu_compute,
                            "layer_adaptive": system.layer_adaptive}
     rk = system.part_knobs("retention")
     if system.retention == "tide" and "interval" in rk:
@@ -248,15 +262,11 @@ def build_prefetcher(system: System, num_layers: int, num_experts: int) -> Prefe
 
 def build_controller(config: OffloadConfig, system: System, num_layers: int, num_experts: int,
                      cost_model: CostModel, believed: CostModel | None = None) -> CacheController:
-    """A controller for ``config``'s budget running ``system``'s retention, dispatch and allocation.
+    """A controller for ``config``'s budget running ``system`` (its knobs included) instead of the config's.
 
     ``believed``: the cost model the dispatcher decides with (default ``cost_model``).
     """
     from .controller import CacheController
 
     config = dataclasses.replace(config, **legacy_config_fields(system))
-    ctrl = CacheController(config, num_layers, num_experts, cost_model)
-    ctrl.policy = build_policy(system, num_layers, num_experts, config)
-    ctrl.policy.set_capacities(ctrl.state.capacities)
-    ctrl.dispatcher = build_dispatcher(system, believed if believed is not None else cost_model)
-    return ctrl
+    return CacheController(config, num_layers, num_experts, cost_model, system=system, believed=believed)

@@ -40,7 +40,6 @@ from oled_hf.offload.allocation import uniform_capacities
 from oled_hf.offload.config import OffloadConfig
 from oled_hf.offload.controller import CacheController
 from oled_hf.offload.costmodel import CostModel
-from oled_hf.offload.dispatch import Dispatcher
 from oled_hf.offload.policies.prefetch import Prefetcher
 from oled_hf.offload.system import (
     System,
@@ -181,17 +180,24 @@ def _build(trace: Trace, config: OffloadConfig, system: System | None, cm: CostM
     """The controller and prefetcher of one replay.
 
     Without ``system`` the controller is built from ``config`` exactly as the live runtime builds
-    it (the legacy policy names; live == replay), with the prefetcher the legacy name implies.
+    it (its ``system``, or the legacy policy names; live == replay), with the prefetcher that
+    system names (the legacy ``prefetch`` and ``moe-infinity`` have one).
     """
     L, E = trace.num_layers, trace.num_experts
     if system is None:
-        ctrl = CacheController(config, L, E, cm)
-        if believed is not None and believed is not cm:
-            ctrl.dispatcher = Dispatcher(believed, config.cpu_compute)
-        legacy = system_of_legacy(config.policy, config.cpu_compute, config.layer_adaptive,
-                                  config.oled_background_copies)
-        return ctrl, build_prefetcher(legacy, L, E)
-    return build_controller(config, system, L, E, cm, believed), build_prefetcher(system, L, E)
+        ctrl = CacheController(config, L, E, cm, believed=believed)
+    else:
+        ctrl = build_controller(config, system, L, E, cm, believed)
+    return ctrl, build_prefetcher(ctrl.system, L, E)
+
+
+def budget_override(cache_size: int) -> dict[str, Any]:
+    """Config changes that make ``cache_size`` (slots per MoE layer) the one budget of a replay.
+
+    A recorded config may carry any of the three budgets; all others are cleared, so the replay's
+    config holds exactly one (``OffloadConfig`` refuses two).
+    """
+    return {"cache_size": cache_size, "cache_ratio": None, "max_gpu_memory": None}
 
 
 def replay(
@@ -226,18 +232,19 @@ def replay(
         raise ValueError("replay needs cache_size (slots per MoE layer) or an offload_config with a budget")
     sys_ = parse_system(system) if isinstance(system, str) else system
     base = offload_config if offload_config is not None else OffloadConfig(cache_size=cache_size)
-    changes: dict[str, Any] = {"policy": policy_name, "layer_adaptive": layer_adaptive, "cpu_compute": cpu_compute}
+    # the explicit legacy arguments replace the config's system too (a config may not name both)
+    changes: dict[str, Any] = {"system": None, "policy": policy_name, "layer_adaptive": layer_adaptive,
+                               "cpu_compute": cpu_compute}
     if sys_ is not None:
         changes = legacy_config_fields(sys_)
     if cache_size is not None:
-        changes.update(cache_size=cache_size, cache_ratio=None)
+        changes.update(budget_override(cache_size))
     config = dataclasses.replace(base, **changes)
     cm = cost_model if cost_model is not None else default_cost_model(trace).with_config(config)
     L, E = trace.num_layers, trace.num_experts
     ctrl, prefetcher = _build(trace, config, sys_, cm, believed)
     policy = ctrl.policy
-    label = sys_.parts if sys_ is not None else system_of_legacy(
-        config.policy, config.cpu_compute, config.layer_adaptive, config.oled_background_copies).parts
+    label = ctrl.system.parts
     if prefetcher is not None and prefetcher.uses_predicted_routes and not trace.has_predictions:
         raise ValueError(f"system {label!r} needs predicted routes for its {prefetcher.name!r} prefetcher: "
                          "record a version-2 trace (oled-moe trace record writes them)")

@@ -62,7 +62,7 @@ def test_choice_messages():
     with pytest.raises(ValueError) as err:
         OffloadConfig(cache_size=4, policy="foo")
     assert str(err.value) == ("policy='foo' is unknown; known policies: "
-                              "lfu, lru, moe-infinity, oled, prefetch, static, tide")
+                              "lfu, lru, moe-infinity, oled, prefetch, static, tide, score")
     with pytest.raises(ValueError, match="cpu_compute='gpu' is unknown; allowed: auto, on, off"):
         OffloadConfig(cache_size=4, cpu_compute="gpu")
     with pytest.raises(ValueError, match="store='disk' is unknown; allowed: auto, mmap, pinned"):
@@ -96,6 +96,34 @@ def test_json_round_trip():
                               gpu_memory_utilization=0.8), OffloadConfig(max_gpu_memory="20GiB"),
                 OffloadConfig(max_gpu_memory=5 * 2**30)):
         assert OffloadConfig.from_json(cfg.to_json()) == cfg
+
+
+def test_system_names_a_live_system_and_round_trips():
+    cfg = OffloadConfig(cache_size=8, system="lru+cpu+reuse+adaptive")
+    assert OffloadConfig.from_json(cfg.to_json()) == cfg and cfg.to_dict()["system"] == "lru+cpu+reuse+adaptive"
+    for text in ("lru-full", "mixtral-offloading", "score+cpu", " lfu+copy+uniform "):
+        assert OffloadConfig(cache_size=8, system=text).system == text
+    assert OffloadConfig(cache_size=8, policy="score").policy == "score"  # the registry's HybriMoE rule
+    assert not OffloadConfig(cache_size=8, system="lru", layer_adaptive=False).layer_adaptive  # agrees: uniform
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(system="lru+gpu"), r"^system='lru\+gpu' is invalid: unknown part 'gpu'; expected RETENTION\[\+PREFETCH\]"
+                             r".*DISPATCH one of copy, cpu, cpu\+reuse.*or a preset: oled, lru, .*lru-full, lfu-full$"),
+    (dict(system=""), r"^system='' is invalid: expected RETENTION"),
+    (dict(system=4), r"^system=4 is invalid: expected RETENTION"),
+    (dict(system="cpu+lru"), r"^system='cpu\+lru' is invalid: the first part must be a retention policy"),
+    (dict(system="lru", policy="lfu"), r"^policy='lfu' and system='lru' are both given: the system names the "
+                                       r"retention policy .*leave policy at its default \('oled'\) or give no system$"),
+    (dict(system="promoe"), r"^system='promoe' is invalid for a live run: its prefetch part 'gate-capped' runs in "
+                            r"replay only \(oled-moe trace replay --system\); a live system is "
+                            r"RETENTION\[\+DISPATCH\]\[\+ALLOCATION\], e.g. 'lru\+copy\+uniform'$"),
+    (dict(system="moe-infinity+matrix+cpu"), r"prefetch part 'matrix' runs in replay only"),
+    (dict(system="lru+adaptive", layer_adaptive=False), r"^layer_adaptive=False and system='lru\+adaptive' disagree"),
+])
+def test_system_messages(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        OffloadConfig(cache_size=8, **kwargs)
 
 
 def test_from_dict_rejects_unknown_fields():

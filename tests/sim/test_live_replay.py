@@ -5,6 +5,7 @@ import torch
 from oled_hf.modeling import OledLLaDA2ForDiffusionLM
 
 from oled_hf import OffloadConfig
+from oled_hf.offload.system import parse_system
 from oled_hf.sim import belady_min, load_trace, replay
 
 
@@ -108,3 +109,41 @@ def test_editing_trace_records_edits_and_replays_to_live_counts(tiny_path, tiny_
     result = replay(trace, "oled", 6, cpu_compute="on", cost_model=model._offload_runtime.cost_model)
     assert (result.hits, result.misses, result.evictions) == (live["hits"], live["misses"], live["evictions"])
     assert result.bytes_copied == live["bytes_copied"] and result.cpu_expert_tokens == live["cpu_expert_tokens"]
+
+
+@pytest.mark.parametrize("system", ["lru+cpu+reuse+adaptive", "lfu+cpu+uniform", "mixtral-offloading"])
+def test_live_system_equals_trace_replay_system(tiny_path, tiny_model, tiny_tokenizer, tmp_path, capsys, system):
+    """A live run with ``system=`` counts what ``oled-moe trace replay --system`` counts on its trace,
+    and decodes the resident model's tokens."""
+    import json
+
+    from oled_hf.cli.main import main
+
+    path = tmp_path / "live.trace"
+    config = OffloadConfig(cache_size=6, system=system, cpu_compute="on", record_trace=str(path))
+    model = OledLLaDA2ForDiffusionLM.from_pretrained(tiny_path, offload_config=config).eval()
+    ctrl = model._offload_runtime.controller
+    assert ctrl.system.parts == parse_system(system).parts
+    assert (ctrl.allocator is not None) == ctrl.system.layer_adaptive
+    for text in ("hello there", "tell me about the sea and the ships"):
+        ids = tiny_tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                 return_tensors="pt", return_dict=True)
+        out = model.generate(**ids, max_new_tokens=24, block_length=8, threshold=0.9)
+        assert torch.equal(out, tiny_model.generate(**ids, max_new_tokens=24, block_length=8, threshold=0.9))
+    live = model.offload_stats()["total"]
+    capsys.readouterr()
+    assert main(["trace", "replay", str(path), "--cache-size", "6", "--system", system, "--cost-model", "recorded",
+                 "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["system"] == ctrl.system.parts
+    assert live["misses"] > 0 and (row["hits"], row["misses"], row["evictions"], row["bytes_copied"]) == (
+        live["hits"], live["misses"], live["evictions"], live["bytes_copied"])
+    assert row["cpu_expert_tokens"] == live["cpu_expert_tokens"]
+    assert row["capacities"] == ctrl.capacities
+
+
+def test_a_live_system_with_a_prefetcher_is_refused_before_loading(tiny_path):
+    with pytest.raises(ValueError, match=r"system='promoe' is invalid for a live run: its prefetch part "
+                                         r"'gate-capped' runs in replay only"):
+        OledLLaDA2ForDiffusionLM.from_pretrained(tiny_path, offload_config=OffloadConfig(cache_size=6,
+                                                                                         system="promoe"))

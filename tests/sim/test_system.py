@@ -96,14 +96,48 @@ def test_a_believed_cost_model_changes_decisions_not_the_clock():
 
 @pytest.mark.parametrize("policy, cpu, adaptive", [("oled", "on", True), ("lru", "off", False), ("tide", "auto", True)])
 def test_system_of_config_builds_what_the_controller_builds(policy, cpu, adaptive):
-    """What the controller will call once OffloadConfig has a ``system`` field: same plans as today."""
-    from oled_hf.offload.system import build_dispatcher, build_policy, system_of_config
+    """The controller builds from ``system_of_config``: a legacy config and its system string plan alike."""
+    legacy_config = OffloadConfig(cache_size=12, policy=policy, cpu_compute=cpu, layer_adaptive=adaptive)
+    legacy = CacheController(legacy_config, 3, 64, CM)
+    parts = system_of_legacy(policy, cpu, adaptive).parts
+    assert legacy.system.parts == parts
+    named = CacheController(OffloadConfig(cache_size=12, cpu_compute=cpu, system=parts, layer_adaptive=adaptive),
+                            3, 64, CM)
+    assert named.system.parts == parts and (named.allocator is not None) == adaptive
+    assert _digest(named) == _digest(legacy)
 
-    config = OffloadConfig(cache_size=12, policy=policy, cpu_compute=cpu, layer_adaptive=adaptive)
-    legacy = _digest(CacheController(config, 3, 64, CM))
+
+@pytest.mark.parametrize("text", ["lru+cpu+reuse+adaptive", "lfu+cpu", "score+cpu+adaptive", "lru-full", "tide"])
+def test_a_config_system_plans_as_build_controller(text):
+    """``OffloadConfig(system=...)`` (what live runs use) and replay's ``build_controller`` give the same plans."""
+    config = OffloadConfig(cache_size=12, system=text)
     ctrl = CacheController(config, 3, 64, CM)
-    system = system_of_config(config)
-    ctrl.policy = build_policy(system, 3, 64, config)
-    ctrl.policy.set_capacities(ctrl.state.capacities)
-    ctrl.dispatcher = build_dispatcher(system, CM)
-    assert _digest(ctrl) == legacy
+    assert ctrl.system == parse_system(text)
+    assert ctrl.dispatcher.mode == parse_system(text).dispatch
+    assert (ctrl.allocator is not None) == parse_system(text).layer_adaptive
+    assert _digest(ctrl) == _digest(build_controller(OffloadConfig(cache_size=12), parse_system(text), 3, 64, CM))
+
+
+def test_config_reuse_knobs_are_the_dispatch_parts_knobs():
+    """``oled_background_copies``/``_min_reuse`` tune a ``cpu+reuse`` dispatch whatever its retention."""
+    from oled_hf.offload.system import system_of_config
+
+    base = dict(cache_size=12, system="lru+cpu+reuse+adaptive")
+    assert system_of_config(OffloadConfig(**base)).knobs == {}
+    tuned = system_of_config(OffloadConfig(**base, oled_background_copies=4, oled_background_min_reuse=0.5))
+    assert tuned.knobs == {"dispatch.reuse_copies": 4, "dispatch.reuse_min": 0.5}
+    ctrl = CacheController(OffloadConfig(**base, oled_background_copies=4), 3, 64, CM)
+    assert (ctrl.dispatcher.reuse_copies, ctrl.dispatcher.reuse_min) == (4, 1.0)
+    assert system_of_config(OffloadConfig(**base, oled_background_copies=0)).dispatch == "cpu"
+    assert system_of_config(OffloadConfig(**base, cpu_compute="off")).dispatch == "copy"  # a CPU-only device
+    assert system_of_config(OffloadConfig(cache_size=12, system="lru+cpu", oled_background_copies=4)).knobs == {}
+
+
+def test_a_dispatcher_without_a_system_makes_no_reuse_copies():
+    """The legacy bridge is gone: a bare ``Dispatcher`` is the ``cpu`` dispatch, reuse copies are asked for."""
+    from oled_hf.offload.dispatch import Dispatcher
+
+    assert Dispatcher(CM, "on").mode == "cpu" and Dispatcher(CM, "on").reuse_copies == 0
+    assert not hasattr(Dispatcher, "bind_legacy")
+    with pytest.raises(ValueError, match="reuse_copies=None is invalid: must be an integer >= 0"):
+        Dispatcher(CM, "on", reuse_copies=None)

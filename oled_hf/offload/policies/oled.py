@@ -41,8 +41,8 @@ The rule, per MoE layer access (rows = batch*B block positions, row r = batch r/
    (``oled_hf.offload.dispatch``, planner rule 4), which any policy can be composed with. The
    ``oled`` preset (``oled_hf.offload.system``) composes this policy with it: up to 2 CPU-computed
    misses per access with predicted reuse >= 1 are also copied off the critical path, and each
-   access is split for its own makespan. ``config_reuse_copies`` only carries
-   ``OffloadConfig.oled_background_copies`` to a dispatcher the controller built without a system.
+   access is split for its own makespan (``OffloadConfig.oled_background_copies`` and
+   ``oled_background_min_reuse`` are that dispatch's knobs, ``system_of_config``).
 """
 
 from __future__ import annotations
@@ -67,9 +67,6 @@ class OledPolicy(CachePolicy):
     name = "oled"
     tracks_usage = False
     uses_weights = True
-    # legacy bridge (see rule 7): the reuse copies a system-less dispatcher takes from this policy's config
-    config_reuse_copies: int = 2
-    config_reuse_min: float = 1.0
 
     def __init__(
         self,
@@ -135,7 +132,7 @@ class OledPolicy(CachePolicy):
 
     @classmethod
     def from_config(cls, num_layers: int, num_experts: int, config: Any) -> OledPolicy:
-        policy = cls(
+        return cls(
             num_layers,
             num_experts,
             confidence_threshold=config.oled_confidence_threshold,
@@ -146,10 +143,6 @@ class OledPolicy(CachePolicy):
             freq_weight=config.oled_frequency_weight,
             freq_decay=config.oled_frequency_decay,
         )
-        # the legacy preset's dispatch knobs, read only by Dispatcher.bind_legacy (not by this policy)
-        policy.config_reuse_copies = int(config.oled_background_copies)
-        policy.config_reuse_min = float(config.oled_background_min_reuse)
-        return policy
 
     # ------------------------------------------------------------------ events
     def on_block_start(self, block_index: int, token_ids: Any) -> None:
