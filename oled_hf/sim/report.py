@@ -5,7 +5,9 @@ timed as the chosen model on H200 + PCIe 5 (``oled_hf.sim.hardware``), and write
 PNG plots:
 
 (a) TPOT (ratio to fused residency and to the physical bound) and cache utilization vs cache size;
-(b) gap to the ideal: hit rate / Belady MIN and TPOT / the physical bound (``sim/bound.py``);
+(b) gap to the ideal: hit rate / Belady MIN (the MIN each run can reach: demand MIN for uniform runs
+    that copy every miss, with bypass otherwise, ``replay.hit_bound``) and TPOT / the physical bound
+    (``sim/bound.py``);
 (c) ablation: the strongest fair baseline -> + confidence retention -> + layer-adaptive -> + reuse-aware
     compensation, each step changing one part;
 (d) block length x cache size and (e) batch size, from traces that differ only in that setting;
@@ -35,9 +37,8 @@ import numpy as np
 from oled_hf.offload.costmodel import CostModel
 from oled_hf.offload.system import System, parse_system
 
-from .belady import belady_global, belady_min
 from .bound import physical_bound, request_counts
-from .replay import ReplayResult, replay
+from .replay import ReplayResult, hit_bound, min_footnote, replay
 from .trace import Trace
 
 SIZES_PCT = (10, 15, 25, 40, 60, 100)
@@ -105,6 +106,7 @@ class Run:
     result: ReplayResult
     bound_hit_rate: float | None = None  # Belady MIN's hit rate (demand/bypass caching)
     bound_ratio: float | None = None  # the physical bound / fused residency at this size
+    bound_name: str = ""  # which MIN bound_hit_rate is (replay.hit_bound): MIN, MIN+bypass, global MIN+bypass
 
     @property
     def x_bound(self) -> float:
@@ -156,12 +158,17 @@ def run_systems(trace: Trace, label: str, systems: Iterable[ReportSystem], pcts:
                 planner_s: float | None, bounds: bool = True, warmup_sequences: int = 0,
                 tuned: dict[str, dict[str, Any]] | None = None, profile: np.ndarray | None = None,
                 believed: CostModel | None = None) -> list[Run]:
-    """Replay every system at every size; attach Belady's hit rate and the physical bound per size."""
+    """Replay every system at every size; attach Belady's hit rate and the physical bound per size.
+
+    The hit-rate ceiling is the MIN the run can reach (``replay.hit_bound``): demand MIN for uniform
+    runs that copy every miss, MIN with bypass for uniform runs with CPU dispatch, global MIN with
+    bypass for layer-adaptive ones. Reporting only: the plans are those of the systems.
+    """
     runs: list[Run] = []
     tuned = tuned or {}
     for pct in pcts:
         size = slots_for(pct, trace.num_experts)
-        cache: dict[bool, float] = {}
+        cache: dict[tuple[bool, bool], tuple[float, str]] = {}
         bound = physical_bound(trace, cost, size * trace.num_layers, warmup_sequences) if bounds else None
         for spec in systems:
             system = resolve(spec, tuned.get(spec.name), profile)
@@ -169,14 +176,15 @@ def run_systems(trace: Trace, label: str, systems: Iterable[ReportSystem], pcts:
                 continue
             r = replay(trace, spec.name, size, system=system, cost_model=cost, planner_s=planner_s,
                        warmup_sequences=warmup_sequences, believed=believed)
-            hit_bound = None
+            ceiling, ceiling_name = None, ""
             if bounds:
-                if system.layer_adaptive not in cache:
-                    total = size * trace.num_layers
-                    cache[system.layer_adaptive] = (belady_global(trace, total) if system.layer_adaptive
-                                                    else belady_min(trace, size)).hit_rate
-                hit_bound = cache[system.layer_adaptive]
-            runs.append(Run(label, spec.name, pct, r, hit_bound, bound.ratio_to_full if bound else None))
+                key = (system.layer_adaptive, system.dispatch == "copy")
+                if key not in cache:
+                    b = hit_bound(trace, size, *key)
+                    cache[key] = (b.hit_rate, b.name)
+                ceiling, ceiling_name = cache[key]
+            runs.append(Run(label, spec.name, pct, r, ceiling, bound.ratio_to_full if bound else None,
+                            ceiling_name))
     return runs
 
 
@@ -292,8 +300,8 @@ def margin_lines(runs: list[Run], pcts: Iterable[float] = HEADLINE_PCT, ours: st
 
 def detail_table(runs: list[Run]) -> str:
     """Every run: ratios, hit rate and its Belady gap, utilization, prefetch bytes, exposed copy, planner."""
-    head = ["system", "cache %", "slots", "TPOT ms", "x fused", "x loop", "hit", "hit/MIN", "U_slot", "copies used",
-            "GiB copied", "pf issued/used/wasted GiB", "exposed ms/tok", "planner ms/fwd"]
+    head = ["system", "cache %", "slots", "TPOT ms", "x fused", "x loop", "hit", "hit/MIN", "MIN", "U_slot",
+            "copies used", "GiB copied", "pf issued/used/wasted GiB", "exposed ms/tok", "planner ms/fwd"]
     rows = []
     for run in runs:
         r = run.result
@@ -304,9 +312,13 @@ def detail_table(runs: list[Run]) -> str:
               if r.prefetch_issued else "-")
         rows.append([run.system, f"{run.pct:g}", f"{r.cache_size:g}", f"{1e3 * r.tpot_s:.3f}",
                      f"{r.ratio_to_full:.2f}", f"{r.ratio_to_loop:.2f}", f"{r.hit_rate:.3f}", gap,
-                     f"{r.u_slot:.3f}", f"{r.copies_used:.2f}", f"{r.bytes_copied / 2**30:.2f}", pf,
+                     run.bound_name or "-", f"{r.u_slot:.3f}", f"{r.copies_used:.2f}",
+                     f"{r.bytes_copied / 2**30:.2f}", pf,
                      f"{1e3 * r.exposed_copy_s / n:.3f}", f"{1e3 * r.planner_per_forward_s:.3f}"])
-    return md_table(head, rows)
+    names = sorted({run.bound_name for run in runs if run.bound_name})
+    note = ("\n\n" + "\n".join(f"- {line.strip()}" for line in min_footnote(names, "hit/MIN").splitlines())
+            if names else "")
+    return md_table(head, rows) + note
 
 
 def sweep_table(rows_by_key: dict[str, list[Run]], systems: Iterable[str], pcts: Iterable[float],
