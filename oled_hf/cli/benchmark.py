@@ -1,8 +1,9 @@
-"""``oled-moe benchmark``: TPOT and cache behaviour per policy, next to full residency, in one run.
+"""``oled-moe benchmark``: TPOT and cache behaviour per system, next to full residency, in one run.
 
 Flags follow the reference tool (``--model --device --gen-length --block-length --cache-size
---warmup-runs --runs --profile --report-dir``) plus ``--policy`` (several) and ``--json``; the budget
-is ``--cache-size`` (several), ``--cache-ratio`` (a fraction or ``auto``) or ``--max-gpu-memory``.
+--warmup-runs --runs --profile --report-dir``) plus ``--system`` (composed systems, several),
+``--policy`` (legacy policy names, several) and ``--json``; the budget is ``--cache-size``
+(several), ``--cache-ratio`` (a fraction or ``auto``) or ``--max-gpu-memory``.
 Every configuration decodes the same prompts; tokens are checked against the resident run.
 
 Configurations are measured round-robin: all are loaded first, then each run decodes every
@@ -42,8 +43,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threshold", type=float, default=None,
                    help="confidence threshold to commit a token (default: the checkpoint's generation_config)")
     add_budget_arguments(p, several_sizes=True, default="none; one budget flag is required")
-    p.add_argument("--policy", nargs="+", default=["oled", "lru"], choices=KNOWN_POLICIES,
-                   help="retention policies to measure")
+    p.add_argument("--system", nargs="+", default=None, metavar="SYSTEM",
+                   help="composed systems to measure (OffloadConfig.system): RETENTION[+DISPATCH][+ALLOCATION], "
+                        "e.g. lru+cpu+reuse+adaptive, or a preset (oled, lru-full, lfu-full, mixtral-offloading, "
+                        "ktransformers, ...); prefetch parts run in replay only (oled-moe trace replay --system); "
+                        "--cpu-compute off, or auto on a CPU-only device, still copies every miss "
+                        "(default: none, or oled lru as --policy if neither flag is given)")
+    p.add_argument("--policy", nargs="+", default=None, choices=KNOWN_POLICIES,
+                   help="legacy retention policy names to measure, each with --cpu-compute and layer-adaptive "
+                        "allocation (default: oled lru, unless --system is given)")
     p.add_argument("--cpu-compute", choices=list(CPU_COMPUTE_MODES), default="auto",
                    help="compute some misses on the CPU: auto = on beside an accelerator, off without one "
                         "(there host and device are the same cores); on = let the cost model split anyway")
@@ -72,6 +80,7 @@ class Row:
     ratio_to_full: float = 1.0
     same_tokens: bool = True
     cpu_compute: str | None = None  # the mode this row ran with: hit rate and CPU share depend on it
+    system: str | None = None  # the parts that ran (retention+prefetch+dispatch+allocation)
 
 
 def encode_prompts(tok, prompts: list[str]):
@@ -158,8 +167,31 @@ def offload_row(c: Measured, reference, full: Measured) -> Row:
         cpu_share=total["cpu_expert_tokens"] / max(expert_tokens, 1),
         policy_ms_per_forward=1e3 * total["policy_seconds"] / max(total["forwards"], 1),
         ratio_to_full=paired_ratio(c.tpot, full.tpot), cpu_compute=stats["cpu_compute"],
+        system=model._offload_runtime.controller.system.parts,
         same_tokens=all(torch.equal(a, b) for a, b in zip(c.outputs, reference)),
     )
+
+
+def offload_choices(args: argparse.Namespace) -> list[tuple[str, dict]]:
+    """(row name, OffloadConfig fields) per ``--system`` and ``--policy``, each validated before anything loads.
+
+    A system the live runtime cannot run (a bad part, a prefetch part) is a one-line error naming the
+    flag; so is a row named twice (the rows are keyed by name).
+    """
+    from ..offload.config import OffloadConfig
+
+    policies = args.policy if args.policy is not None else [] if args.system else ["oled", "lru"]
+    choices = [(p, {"policy": p}) for p in policies] + [(s, {"system": s}) for s in args.system or []]
+    for name, fields in choices:
+        try:
+            OffloadConfig(cache_size=1, cpu_compute=args.cpu_compute, **fields)
+        except ValueError as err:
+            raise ValueError(f"--{next(iter(fields))} {name}: {err}") from None
+    names = [name for name, _ in choices]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"{twice[0]!r} is named twice by --system/--policy: name each configuration once")
+    return choices
 
 
 def benchmark(args: argparse.Namespace) -> int:
@@ -176,6 +208,7 @@ def benchmark(args: argparse.Namespace) -> int:
     if not budgets:
         raise ValueError("give --cache-size N [N ...] (slots per MoE layer), --cache-ratio R (or auto) "
                          "or --max-gpu-memory SIZE")
+    choices = offload_choices(args)
     path = resolve_model(args.model)
     device = resolve_device(args.device)
     check_budget_device(budgets, device)
@@ -192,12 +225,12 @@ def benchmark(args: argparse.Namespace) -> int:
             block.experts_executor = LOOP_EXECUTOR
         configs.append(Measured("full residency (per-expert loop)", loop))
     for budget in budgets:
-        for policy in args.policy:
-            config = OffloadConfig(**budget, policy=policy, cpu_compute=args.cpu_compute)
+        for name, fields in choices:
+            config = OffloadConfig(**budget, **fields, cpu_compute=args.cpu_compute)
             model = AutoModelForCausalLM.from_pretrained(path, offload_config=config, **load).eval()
             model._offload_runtime.profile = args.profile
             label = budget_label(budget, model.offload_stats()["slots_per_layer"])
-            configs.append(Measured(f"{policy} @ {label}", model))
+            configs.append(Measured(f"{name} @ {label}", model))
     bar = progress(total=len(configs) * (args.warmup_runs + args.runs), desc="benchmark", unit="pass",
                    quiet=args.quiet)
     measure_round_robin(configs, inputs, args, args.runs, args.warmup_runs, bar.update)

@@ -1,0 +1,35 @@
+"""``oled-moe benchmark --system``: live composed systems, next to --policy, refused in one line before loading."""
+
+import json
+
+import pytest
+
+from oled_hf.cli.main import main
+
+QUICK = ["--gen-length", "8", "--block-length", "8", "--runs", "1", "--warmup-runs", "0", "--prompt", "hi"]
+
+
+def test_benchmark_runs_composed_systems_next_to_policies(tiny_path, capsys):
+    code = main(["benchmark", "--model", str(tiny_path), "--cache-size", "6", "--cpu-compute", "on", "--policy", "oled",
+                 "--system", "lru+cpu+reuse+adaptive", "mixtral-offloading", "--json", *QUICK])
+    assert code == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [(r["config"], r["system"]) for r in rows] == [
+        ("full residency", None), ("oled @ cache size 6", "oled+none+cpu+reuse+adaptive"),
+        ("lru+cpu+reuse+adaptive @ cache size 6", "lru+none+cpu+reuse+adaptive"),
+        ("mixtral-offloading @ cache size 6", "lru+none+copy+uniform")]
+    assert all(r["same_tokens"] for r in rows)
+    assert rows[3]["cpu_share"] == 0.0  # every miss copied
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--system", "lru+gpu"], "--system lru+gpu: system='lru+gpu' is invalid: unknown part 'gpu'; expected "
+                              "RETENTION[+PREFETCH][+DISPATCH][+ALLOCATION]"),
+    (["--system", "promoe"], "--system promoe: system='promoe' is invalid for a live run: its prefetch part "
+                             "'gate-capped' runs in replay only (oled-moe trace replay --system)"),
+    (["--system", "lru", "--policy", "lru"], "'lru' is named twice by --system/--policy: name each configuration once"),
+])
+def test_bad_systems_are_one_line_before_loading(tiny_path, capsys, argv, message):
+    assert main(["benchmark", "--model", str(tiny_path), "--cache-size", "6", *argv, *QUICK]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"oled-moe benchmark: error: {message}")
