@@ -16,7 +16,8 @@ from typing import Any
 from .budget import DEFAULT_GPU_MEMORY_UTILIZATION, parse_memory, slots_for_bytes
 from .dispatch import CPU_COMPUTE_MODES
 
-KNOWN_POLICIES = ("lfu", "lru", "moe-infinity", "oled", "prefetch", "static", "tide", "score")
+# legacy ``policy`` names; every retention rule, "score" (HybriMoE's) included, is named by ``system``
+KNOWN_POLICIES = ("lfu", "lru", "moe-infinity", "oled", "prefetch", "static", "tide")
 DEFAULT_POLICY = "oled"
 STORE_MODES = ("auto", "mmap", "pinned")
 BUDGETS = ("cache_size", "cache_ratio", "max_gpu_memory")  # exactly one is given

@@ -49,8 +49,9 @@ if TYPE_CHECKING:
 RETENTIONS = ("oled", "lru", "lfu", "static", "tide", "moe-infinity", "score")
 ALLOCATIONS = ("uniform", "adaptive")
 KNOB_PARTS = ("retention", "prefetch", "dispatch")
-# retention parts an OffloadConfig's ``policy`` can name (config.KNOWN_POLICIES less the legacy "prefetch")
-_CONFIG_POLICIES = ("lfu", "lru", "moe-infinity", "oled", "score", "static", "tide")
+# retention parts an OffloadConfig's ``policy`` can name (config.KNOWN_POLICIES less the legacy "prefetch");
+# others ("score") are built from the registry with their system knobs
+_CONFIG_POLICIES = ("lfu", "lru", "moe-infinity", "oled", "static", "tide")
 
 SYSTEM_PRESETS: dict[str, str] = {
     # the old policy names, as the report ran them

@@ -62,7 +62,7 @@ def test_choice_messages():
     with pytest.raises(ValueError) as err:
         OffloadConfig(cache_size=4, policy="foo")
     assert str(err.value) == ("policy='foo' is unknown; known policies: "
-                              "lfu, lru, moe-infinity, oled, prefetch, static, tide, score")
+                              "lfu, lru, moe-infinity, oled, prefetch, static, tide")
     with pytest.raises(ValueError, match="cpu_compute='gpu' is unknown; allowed: auto, on, off"):
         OffloadConfig(cache_size=4, cpu_compute="gpu")
     with pytest.raises(ValueError, match="store='disk' is unknown; allowed: auto, mmap, pinned"):
@@ -103,7 +103,6 @@ def test_system_names_a_live_system_and_round_trips():
     assert OffloadConfig.from_json(cfg.to_json()) == cfg and cfg.to_dict()["system"] == "lru+cpu+reuse+adaptive"
     for text in ("lru-full", "mixtral-offloading", "score+cpu", " lfu+copy+uniform "):
         assert OffloadConfig(cache_size=8, system=text).system == text
-    assert OffloadConfig(cache_size=8, policy="score").policy == "score"  # the registry's HybriMoE rule
     assert not OffloadConfig(cache_size=8, system="lru", layer_adaptive=False).layer_adaptive  # agrees: uniform
 
 
