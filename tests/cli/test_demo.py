@@ -1,17 +1,118 @@
-"""``oled-moe demo``: streams the offloaded answer block by block and matches full residency."""
+"""``oled-moe demo``: right answers only, memory side by side, oled and lru-full checked against
+residency, round-robin times, and a labelled projection of the run's own routing."""
 
-from oled_hf.cli.demo import BlockPrinter, _check_sum
+import argparse
+import json
+
+import pytest
+
+from oled_hf.cli.demo import BlockPrinter, default_prompts
+from oled_hf.cli.demo_report import check_mark, heldout_entry, left_out_line, solved_tasks
+
+FAST = ["--prompt", "hello", "--max-new-tokens", "16", "--block-length", "8", "--runs", "1"]
+PROJECTION = ("projection (simulated, not measured): this run's routing (3 MoE layers) timed as LLaDA2.0-mini "
+              "on H200 + PCIe 5")
 
 
-def test_demo_streams_blocks_and_matches_resident(tiny_path, capsys):
+def _row(out: str, label: str) -> list[str]:
+    """The cells after ``label`` on the table line that starts with it."""
+    line = next(line for line in out.splitlines() if line.startswith(label))
+    return line[len(label):].split()
+
+
+def test_demo_shows_memory_identical_tokens_and_the_projection(tiny_path, capsys):
     from oled_hf.cli.main import main
 
-    code = main(["demo", "--model", str(tiny_path), "--prompt", "hello", "--max-new-tokens", "16",
-                 "--block-length", "8"])
+    code = main(["demo", "--model", str(tiny_path), *FAST])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "streaming (offloaded, blocks separated by |)" in out
-    assert "same tokens as resident: yes" in out and "expert hit rate" in out
+    assert "streaming (oled offloaded, blocks separated by |)" in out
+    resident, offloaded = out.split("device: routed-expert bytes")[1].split("\n")[0].split("MiB")[:2]
+    assert float(offloaded.split()[0]) < float(resident.split()[0])
+    assert _row(out, "host: expert store")[0] == "-"
+    assert _row(out, "live, this machine") == ["resident", "oled", "lru-full"]
+    assert _row(out, "tokens identical to resident") == ["-", "yes", "yes"]
+    assert len(_row(out, "hit rate (first pass)")) == 3 and len(_row(out, "CPU expert-tokens (first pass)")) == 3
+    assert "ms per token, median (min-max) of 1" in out and "round-robin" in out
+    assert "CPU compute off (auto: no accelerator" in out and "not expected to be faster" in out
+    projection = out.split(PROJECTION, 1)[1]
+    for system in ("oled", "lru-full", "physical bound", "fused residency"):
+        assert len(_row(projection, system)) >= 4, system
+    assert "tokens identical to resident for every system: yes" in out
+
+
+def test_demo_exits_1_when_a_system_differs_from_resident(tiny_path, capsys, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    from oled_hf.cli.main import main
+
+    load = AutoModelForCausalLM.from_pretrained
+
+    def from_pretrained(*args, **kwargs):
+        model = load(*args, **kwargs)
+        if getattr(kwargs.get("offload_config"), "system", None) == "lru-full":
+            generate = model.generate
+
+            def wrong(*a, **k):  # a system that gets one token wrong
+                out = generate(*a, **k)
+                if "return_dict_in_generate" in k:  # not the warm-up
+                    out.sequences[0, -1] += 1
+                return out
+
+            model.generate = wrong
+        return model
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", from_pretrained)
+    code = main(["demo", "--model", str(tiny_path), *FAST])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert _row(out, "tokens identical to resident") == ["-", "yes", "NO"]
+    assert "tokens identical to resident for every system: NO" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--device", "cuda"], "--device cuda: CUDA is not available on this machine"),
+    (["--cache-ratio", "auto"], "auto"),
+    (["--runs", "0"], "--runs 0 is invalid: must be >= 1"),
+])
+def test_bad_flags_are_one_line_before_anything_loads(argv, message, tiny_path, capsys, monkeypatch):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from oled_hf.cli.main import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("nothing may load"))
+    assert main(["demo", "--model", str(tiny_path), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("oled-moe demo: error: ") and message in err and len(err.splitlines()) == 1
+
+
+def test_the_long_toy_asks_only_the_tasks_it_solves():
+    """count and add are at 0% held-out exact match in the shipped long toy: no demo question asks them."""
+    from oled_hf.toy.long import LONG_CHECKPOINT, REPORT_NAME
+
+    entry = heldout_entry(json.loads((LONG_CHECKPOINT / REPORT_NAME).read_text()), 16, 0.95)
+    assert (entry["block_length"], entry["threshold"]) == (16, 0.95)
+    assert solved_tasks(entry) == (["reverse_labeled", "spell_labeled"], {"count": 0.0, "add": 0.0})
+    args = argparse.Namespace(block_length=None, threshold=None, prompts_per_task=2)
+    prompts, line = default_prompts(LONG_CHECKPOINT, args)
+    assert len(prompts) == 4 and all(p.startswith(("Reverse ", "Spell ")) for p in prompts)
+    assert line.startswith("left out: count (0% exact match), add (0% exact match): unsolved by this toy "
+                           "(below 80% exact match on 100 held-out questions at block 16, threshold 0.95; ")
+
+
+def test_solved_tasks_reads_the_threshold_and_the_decoding():
+    report = {"heldout": {"results": [
+        {"block_length": 16, "threshold": 0.95, "tasks": [{"task": "a", "n": 10, "exact_match": 0.8},
+                                                          {"task": "b", "n": 10, "exact_match": 0.79}]},
+        {"block_length": 32, "threshold": 0.9, "tasks": [{"task": "a", "n": 10, "exact_match": 0.1}]}]}}
+    assert solved_tasks(heldout_entry(report, 16, 0.95)) == (["a"], {"b": 0.79})
+    assert solved_tasks(heldout_entry(report, 32, 0.9)) == ([], {"a": 0.1})
+    assert heldout_entry(report, 8, 0.5)["block_length"] == 16  # no match: the first evaluation
+    assert heldout_entry({}, 16, 0.95) is None
+    assert left_out_line({"b": 0.79}, heldout_entry(report, 16, 0.95), "r.json").startswith(
+        "left out: b (79% exact match): unsolved by this toy (below 80% exact match on 10 held-out questions")
 
 
 def test_block_printer_skips_the_prompt(tiny_tokenizer, capsys):
@@ -26,8 +127,8 @@ def test_block_printer_skips_the_prompt(tiny_tokenizer, capsys):
     assert capsys.readouterr().out == "ab|ab\n"
 
 
-def test_check_sum_knows_the_long_tasks():
-    assert _check_sum("What is 1+2?", "3") == "  (correct)"
-    assert _check_sum("Reverse 123", "321") == "  (correct)"
-    assert _check_sum("Count 3 terms from 5 by 2", "5,7,8") == "  (wrong)"
-    assert _check_sum("Tell me about the sea.", "waves") == ""
+def test_check_mark_knows_the_tasks():
+    assert check_mark("What is 1+2?", "3") == "  (right)"
+    assert check_mark("Reverse 123", "321") == "  (right)"
+    assert check_mark("Count 3 terms from 5 by 2", "5,7,8") == "  (wrong)"
+    assert check_mark("Tell me about the sea.", "waves") == ""
