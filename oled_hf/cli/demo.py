@@ -153,15 +153,17 @@ def demo(args: argparse.Namespace) -> int:
     load = dict(device_map=device)
     resident = AutoModelForCausalLM.from_pretrained(path, **load).eval()
     load_tokenizer(path, model=resident)  # checks the pair once the model's vocabulary is known
-    systems = [Live("resident", resident)]
-    for name, config in (("oled", oled_hf.OffloadConfig(cache_ratio=args.cache_ratio, policy="oled")),
-                         ("lru-full", oled_hf.OffloadConfig(cache_ratio=args.cache_ratio, system="lru-full"))):
-        systems.append(Live(name, AutoModelForCausalLM.from_pretrained(path, offload_config=config, **load).eval()))
-    oled = systems[1].model
+    oled = AutoModelForCausalLM.from_pretrained(
+        path, offload_config=oled_hf.OffloadConfig(cache_ratio=args.cache_ratio, policy="oled"), **load).eval()
     stats = oled.offload_stats()
+    # the very slots oled got (cache_ratio "auto" is sized once: a second sizing would see less free memory)
+    same = oled_hf.OffloadConfig(cache_ratio=stats["total_slots"] / (len(stats["layers"]) * oled.config.num_experts),
+                                 system="lru-full")
+    lru = AutoModelForCausalLM.from_pretrained(path, offload_config=same, **load).eval()
+    systems = [Live("resident", resident), Live("oled", oled), Live("lru-full", lru)]
     print(f"model: {path} ({type(oled).__name__}, {oled.num_parameters() / 1e6:.2f}M parameters), on {device}")
     print(f"budget: cache ratio {args.cache_ratio}: {stats['slots_per_layer']:.1f} expert slots per MoE layer "
-          f"({stats['total_slots']} in all); {cpu_compute_note(stats)}")
+          f"({stats['total_slots']} in all)")
     print(memory_table(routed_expert_bytes(resident), stats))
     if left_out:
         print(left_out)
@@ -215,8 +217,9 @@ def demo(args: argparse.Namespace) -> int:
             s.tokens.append(tokens[s.name])
     print()
     print(live_table(systems, len(prompts)))
+    print(f"  {cpu_compute_note(stats)}")
     if device == "cpu":
-        print(f"  {cpu_compute_note(stats)}\n{CPU_TIMES_NOTE}")
+        print(CPU_TIMES_NOTE)
     print()
     print(projection(recorder.writer.trace(), stats["total_slots"]))
     same = all(s.identical for s in systems)

@@ -84,7 +84,6 @@ def memory_table(resident_bytes: int, stats: dict) -> str:
     return table([
         [f"memory (device: {stats['device']})", "resident", "offloaded"],
         ["device: routed-expert bytes", mib(resident_bytes), f"{mib(stats['pool_bytes'])} ({share:.0%})"],
-        ["device: expert slots per MoE layer", "all", f"{stats['slots_per_layer']:.1f}"],
         ["host: expert store", "-", f"{mib(stats['host_bytes'])} ({stats['store']})"],
     ])
 

@@ -32,6 +32,8 @@ def test_demo_shows_memory_identical_tokens_and_the_projection(tiny_path, capsys
     assert _row(out, "host: expert store")[0] == "-"
     assert _row(out, "live, this machine") == ["resident", "oled", "lru-full"]
     assert _row(out, "tokens identical to resident") == ["-", "yes", "yes"]
+    slots = _row(out, "expert slots per MoE layer")
+    assert slots[0] == "all" and slots[1] == slots[2]  # the same budget for oled and lru-full
     assert len(_row(out, "hit rate (first pass)")) == 3 and len(_row(out, "CPU expert-tokens (first pass)")) == 3
     assert "ms per token, median (min-max) of 1" in out and "round-robin" in out
     assert "CPU compute off (auto: no accelerator" in out and "not expected to be faster" in out
