@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..offload.config import KNOWN_POLICIES
-from ..toy.long.tasks import DEFAULT_TASKS
+from ..toy.long.tasks import SHIPPED_TASKS
 
 TASK = "toy_addition"
 # The long-answer toy's tasks (eval/tasks/long_answer) and the budgets its parity check uses.
-LONG_TASKS = tuple(f"long_{name}" for name in DEFAULT_TASKS)
+LONG_TASKS = tuple(f"long_{name}" for name in SHIPPED_TASKS)
 LONG_BUDGETS = (("cache_ratio", 0.1), ("cache_ratio", 0.4))
 METRIC = "exact_match,none"
 DEFAULT_BUDGETS = (("cache_ratio", 0.4), ("cache_size", 1))

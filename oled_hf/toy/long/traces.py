@@ -12,10 +12,12 @@ routing and every iteration event.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import torch
 
+from ...progress import add_quiet_argument, progress, quiet_library_bars
 from . import LONG_CHECKPOINT, load_mix
 
 SPLITS = ("held-out", "dev")
@@ -33,14 +35,24 @@ def split_questions(checkpoint, n_per_task: int, split: str = "held-out") -> lis
 
 
 def record_trace(out: str | Path, checkpoint: str | Path = LONG_CHECKPOINT, *, n_per_task: int = 25,
-                 block_length: int | None = None, threshold: float | None = None, split: str = "held-out") -> dict:
-    """Decode the held-out prompts and save their trace to ``out``; returns counts for the caller to print."""
+                 block_length: int | None = None, threshold: float | None = None, split: str = "held-out",
+                 quiet: bool = False) -> dict:
+    """Decode the held-out prompts and save their trace to ``out``; returns counts for the caller to print.
+
+    Says what it does on stderr as it goes (loading, how many prompts, a per-prompt bar on a terminal):
+    a run takes minutes and was silent until its last line.
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import oled_hf  # noqa: F401  (registers the Auto classes)
 
     from ...sim.recorder import TraceRecorder
 
+    def say(text: str) -> None:
+        if not quiet:
+            print(f"traces: {text}", file=sys.stderr, flush=True)
+
+    say(f"loading {checkpoint}")
     model = AutoModelForCausalLM.from_pretrained(checkpoint).eval()
     tok = AutoTokenizer.from_pretrained(checkpoint)
     gen = {k: v for k, v in dict(block_length=block_length, threshold=threshold).items() if v is not None}
@@ -49,8 +61,10 @@ def record_trace(out: str | Path, checkpoint: str | Path = LONG_CHECKPOINT, *, n
     recorder = TraceRecorder(model, decoding=gen)
     recorder.writer.header["block_length"] = gen.get("block_length", recorder.writer.header["block_length"])
     questions = split_questions(checkpoint, n_per_task, split)
+    say(f"recording {len(questions)} {split} prompts ({n_per_task} per task, block "
+        f"{gen.get('block_length', 'of the generation config')}) -> {out}")
     new_tokens = 0
-    for i, q in enumerate(questions):
+    for i, q in enumerate(progress(questions, desc=f"recording {split}", unit="prompt", quiet=quiet)):
         recorder.begin_sequence(i)
         ids = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
                                       return_tensors="pt", return_dict=True)
@@ -73,11 +87,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--split", choices=SPLITS, default="held-out",
                         help="held-out problems (reports) or training problems (dev: policy tuning)")
+    add_quiet_argument(parser)
     args = parser.parse_args(argv)
+    quiet_library_bars(args.quiet)  # no "Loading weights" bar in a log
     if args.threads:
         torch.set_num_threads(args.threads)
     r = record_trace(args.out, args.model, n_per_task=args.n_per_task, block_length=args.block_length,
-                     threshold=args.threshold, split=args.split)
+                     threshold=args.threshold, split=args.split, quiet=args.quiet)
     print(f"recorded {r['prompts']} {args.split} prompts, {r['forwards']} forwards, {r['new_tokens']} new tokens "
           f"-> {r['path']}")
 
