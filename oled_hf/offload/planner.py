@@ -144,8 +144,6 @@ class CacheState:
         """
         if policy.capacities is not self.capacities:
             policy.set_capacities(self.capacities)
-        if dispatcher.reuse_copies is None:
-            dispatcher.bind_legacy(policy)
         ids = as_numpy(topk_ids)
         if counts is None:
             counts = np.bincount(ids.reshape(-1), minlength=self.num_experts)

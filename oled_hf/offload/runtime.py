@@ -256,8 +256,10 @@ class OffloadRuntime(IterationObserver):
         lookups = total["hits"] + total["misses"]
         total["hit_rate"] = total["hits"] / lookups if lookups else 0.0
         total["forwards"] = self.forwards
+        system = self.controller.system
         return {
-            "policy": self.config.policy, "total_slots": self.total_slots,
+            "policy": system.retention, "system": "+".join((system.retention, system.dispatch, system.allocation)),
+            "total_slots": self.total_slots,
             "slots_per_layer": self.total_slots / self.num_layers, "device": str(self.cache.device),
             "pool_bytes": self.cache.pool_bytes, "host_bytes": self.store.host_bytes(), "store": self.store.mode,
             "cpu_compute": self.cpu_compute, "cpu_compute_requested": self.config.cpu_compute,
