@@ -3,8 +3,8 @@
 The HTTP layer submits :class:`GenerationRequest` objects to a bounded queue; a worker thread
 takes the oldest, waits up to ``batch_wait_ms`` for others that can share its decoding (see
 :meth:`Engine.batch_key`) while the HTTP layer is still reading or tokenizing requests
-(:meth:`Engine.arrival`), or for the whole window once the previous batch held several requests
-(clients are concurrent); a lone client never waits. It decodes up to ``max_batch_size`` of them in ONE left-padded
+(:meth:`Engine.arrival`), or until it has as many as the previous batch held (concurrent
+clients come back together); a lone client never waits. It decodes up to ``max_batch_size`` of them in ONE left-padded
 ``generate`` call. Each request is reported through its own ``emit`` callback (called on the
 worker thread): ``("start",)`` once decoding begins, ``("delta", text)`` per completed block that
 added text, then ``("done", finish_reason, usage)`` or ``("error", status, message)``.
@@ -107,9 +107,9 @@ class _JobQueue:
                 self._ready.wait()
             return self._items.popleft()
 
-    def take(self, accept: Callable[[object, list], bool], limit: int, wait_s: float, patient: bool) -> list:
+    def take(self, accept: Callable[[object, list], bool], limit: int, wait_s: float, expect: int = 0) -> list:
         """Remove (in FIFO order) up to ``limit`` items that ``accept(item, taken)`` takes, waiting up to
-        ``wait_s`` for more: the whole time when ``patient``, else only while requests are arriving.
+        ``wait_s`` for more while requests are arriving, or until ``expect`` items are taken.
 
         Returns early once ``limit`` items are taken or the stop sentinel is queued. ``accept`` is
         called under the queue's lock, in queue order, with what has been taken so far.
@@ -125,7 +125,7 @@ class _JobQueue:
                         self._items.remove(item)
                         taken.append(item)
                 remaining = deadline - time.monotonic()
-                idle = not patient and not self.arriving
+                idle = not self.arriving and len(taken) >= expect
                 if len(taken) >= limit or remaining <= 0 or idle or None in self._items:
                     return taken
                 self._ready.wait(remaining)
@@ -576,11 +576,11 @@ class Engine:
                 continue
             batch = [first]
             if self.max_batch_size > 1:
-                # wait the whole window only where clients are concurrent (the last batch shared its
-                # generate); a lone client's request starts as soon as nothing else is arriving
+                # where clients are concurrent, wait (at most the window) for as many as the last batch
+                # held; a lone client's request starts as soon as nothing else is arriving
                 batch += self._queue.take(lambda item, taken, head=first: self._joins([head, *taken], item),
                                           self.max_batch_size - 1, self.batch_wait_ms / 1000,
-                                          patient=self._last_batch > 1)
+                                          expect=self._last_batch - 1)
             self._last_batch = len(batch)
             self.run_batch(batch)
 
