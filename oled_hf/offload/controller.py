@@ -24,6 +24,7 @@ residency (all hits), so decisions, counters and traces are those of planning ea
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable
@@ -40,7 +41,7 @@ from .layer_plan import LayerPlan
 from .planner import CacheState, SlotMove
 from .policies.base import as_numpy
 from .stats import CacheStats
-from .system import System, build_dispatcher, build_policy, system_of_config
+from .system import System, build_dispatcher, build_policy, legacy_config_fields, system_of_config
 
 if TYPE_CHECKING:  # the config builds the runtime (OffloadConfig.attach): no import back
     from .config import OffloadConfig
@@ -190,3 +191,13 @@ class CacheController(IterationObserver):
         if proposal is None or proposal == self.state.capacities:
             return []
         return self.state.set_capacities(proposal, self.policy)
+
+
+def build_controller(config: OffloadConfig, system: System, num_layers: int, num_experts: int,
+                     cost_model: CostModel, believed: CostModel | None = None) -> CacheController:
+    """A controller for ``config``'s budget running ``system`` (its knobs included) instead of the config's.
+
+    ``believed``: the cost model the dispatcher decides with (default ``cost_model``).
+    """
+    config = dataclasses.replace(config, **legacy_config_fields(system))
+    return CacheController(config, num_layers, num_experts, cost_model, system=system, believed=believed)

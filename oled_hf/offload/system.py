@@ -24,7 +24,7 @@ name: they travel beside it in :class:`System.knobs` as ``part.knob`` keys.
 
 The controller the live runtime and replay share builds its parts from a system: the config's
 (:func:`system_of_config`: ``OffloadConfig.system``, else the legacy ``policy``/``cpu_compute``/
-``layer_adaptive`` fields) or one handed to it (:func:`build_controller`, replay's ``--system``,
+``layer_adaptive`` fields) or one handed to it (:func:`controller.build_controller`, replay's ``--system``,
 whose knobs a config string cannot carry). A legacy config and the system of its parts
 (``system_of_legacy``) therefore plan identically (tested, and by the plan checksums).
 ``OffloadConfig`` validates its ``system`` with :func:`parse_system` and refuses a prefetch part:
@@ -44,7 +44,6 @@ from .policies.prefetch import PREFETCHERS, Prefetcher
 
 if TYPE_CHECKING:
     from .config import OffloadConfig
-    from .controller import CacheController
 
 RETENTIONS = ("oled", "lru", "lfu", "static", "tide", "moe-infinity", "score")
 ALLOCATIONS = ("uniform", "adaptive")
@@ -259,15 +258,3 @@ def build_policy(system: System, num_layers: int, num_experts: int, config: Offl
 
 def build_prefetcher(system: System, num_layers: int, num_experts: int) -> Prefetcher | None:
     return make_prefetcher(system.prefetch, num_layers, num_experts, **system.part_knobs("prefetch"))
-
-
-def build_controller(config: OffloadConfig, system: System, num_layers: int, num_experts: int,
-                     cost_model: CostModel, believed: CostModel | None = None) -> CacheController:
-    """A controller for ``config``'s budget running ``system`` (its knobs included) instead of the config's.
-
-    ``believed``: the cost model the dispatcher decides with (default ``cost_model``).
-    """
-    from .controller import CacheController
-
-    config = dataclasses.replace(config, **legacy_config_fields(system))
-    return CacheController(config, num_layers, num_experts, cost_model, system=system, believed=believed)

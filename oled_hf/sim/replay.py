@@ -38,12 +38,11 @@ import numpy as np
 
 from oled_hf.offload.allocation import uniform_capacities
 from oled_hf.offload.config import OffloadConfig
-from oled_hf.offload.controller import CacheController
+from oled_hf.offload.controller import CacheController, build_controller
 from oled_hf.offload.costmodel import CostModel
 from oled_hf.offload.policies.prefetch import Prefetcher
 from oled_hf.offload.system import (
     System,
-    build_controller,
     build_prefetcher,
     legacy_config_fields,
     parse_system,

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from oled_hf.offload.config import OffloadConfig
-from oled_hf.offload.controller import CacheController
+from oled_hf.offload.controller import CacheController, build_controller
 from oled_hf.offload.costmodel import CostModel
-from oled_hf.offload.system import SYSTEM_PRESETS, System, build_controller, parse_system, system_of_legacy
+from oled_hf.offload.system import SYSTEM_PRESETS, System, parse_system, system_of_legacy
 from oled_hf.sim.replay import replay
 from oled_hf.sim.synthetic import synthetic_trace
 from oled_hf.sim.trace import OP_BLOCK_END, OP_FORWARD
