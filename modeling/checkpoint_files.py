@@ -5,6 +5,15 @@ file (a truncated header, bad JSON, a tensor in two shards, an int8 tensor where
 goes) either name no file or load silently. ``check_checkpoint_files`` reads only the headers
 (a few KB per shard) and raises :class:`CheckpointError` naming the file, the tensor and what
 is wrong; ``check_loading_info`` turns Transformers' missing/unexpected keys into an error.
+
+Whether a file is valid safetensors is the ``safetensors`` library's decision (``safe_open``, the
+code Transformers loads with), so this module never accepts a file the loader would refuse nor
+refuses one it accepts (a new dtype, say). What the library cannot do is kept here, each for a
+reason: its errors name no file and one message ("incomplete metadata, file not fully covered")
+covers both a truncated file and appended bytes, so :func:`_diagnose` re-reads a refused header
+to say which tensor and which bytes are wrong; and it does not expose tensors' byte offsets,
+which the expert store needs to read an expert straight into a pinned buffer or map it
+(``read_safetensors_header`` returns them).
 """
 
 from __future__ import annotations
@@ -16,12 +25,13 @@ import struct
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 
 INDEX_NAME = "model.safetensors.index.json"
-# bytes per element of every safetensors dtype (safetensors 0.8 format)
-DTYPE_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "F6_E2M3": 0.75,
-               "F6_E3M2": 0.75, "F4": 0.5, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2,
-               "U8": 1, "BOOL": 1, "C64": 8}
+# bytes per element of the safetensors dtypes, for diagnosis only (safe_open decides what is valid)
+DTYPE_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "F8_E4M3FNUZ": 1,
+               "F8_E5M2FNUZ": 1, "F6_E2M3": 0.75, "F6_E3M2": 0.75, "F4": 0.5, "I64": 8, "I32": 4, "I16": 2,
+               "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1, "C64": 8}
 INTEGER_DTYPES = {"I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "BOOL"}
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors library's own limit
 EXPERT_KEY = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight$")
@@ -34,38 +44,51 @@ class CheckpointError(ValueError):
 def read_safetensors_header(path: str | os.PathLike) -> tuple[dict, int]:
     """The header of a safetensors file (without ``__metadata__``) and where tensor data starts.
 
-    Validated against the file's size: a truncated or corrupt header, or tensors whose offsets lie
-    outside the file or disagree with their dtype and shape, raise ``CheckpointError``.
+    ``safe_open`` validates the file; a file it refuses raises ``CheckpointError`` naming the file,
+    the fault as :func:`_diagnose` finds it, and the library's own reason.
     """
     path = str(path)
     size = os.path.getsize(path)
+    try:
+        with safe_open(path, framework="pt"):
+            pass
+    except SafetensorError as e:
+        reason = str(e).removeprefix("Error while deserializing header: ")
+        raise CheckpointError(f"{path}: not a valid safetensors file: {_diagnose(path, size) or reason} "
+                              f"(safetensors: {reason})") from None
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    header.pop("__metadata__", None)
+    return header, 8 + n
 
-    def bad(what: str) -> CheckpointError:
-        return CheckpointError(f"{path}: not a valid safetensors file: {what}")
 
+def _diagnose(path: str, size: int) -> str | None:
+    """What is wrong with a header ``safe_open`` refused, by tensor and byte (None if not found)."""
     with open(path, "rb") as f:
         prefix = f.read(8)
         if len(prefix) < 8:
-            raise bad(f"the file is {size} bytes, shorter than the 8-byte header length")
+            return f"the file is {size} bytes, shorter than the 8-byte header length"
         (n,) = struct.unpack("<Q", prefix)
         if n > min(size - 8, MAX_HEADER_BYTES):
-            raise bad(f"the header claims {n} bytes but the file has {size - 8} after the length (truncated?)")
+            return f"the header claims {n} bytes but the file has {size - 8} after the length (truncated?)"
         raw = f.read(n)
     try:
         header = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise bad(f"the header is not valid JSON ({e})") from None
+        return f"the header is not valid JSON ({e})"
     if not isinstance(header, dict):
-        raise bad(f"the header is a JSON {type(header).__name__}, not an object")
+        return f"the header is a JSON {type(header).__name__}, not an object"
     header.pop("__metadata__", None)
     data = size - 8 - n
     for name, info in header.items():
-        _check_entry(name, info, data, bad)
-    _check_coverage(header, data, bad)
-    return header, 8 + n
+        fault = _check_entry(name, info, data)
+        if fault:
+            return fault
+    return _check_coverage(header, data)
 
 
-def _check_coverage(header: dict, data_bytes: int, bad) -> None:
+def _check_coverage(header: dict, data_bytes: int) -> str | None:
     """Tensors must tile the data region exactly, as the safetensors library requires.
 
     Its own error for bytes appended after the last tensor ("incomplete metadata, file not fully
@@ -77,33 +100,35 @@ def _check_coverage(header: dict, data_bytes: int, bad) -> None:
         if start != end:
             where = f"the previous tensor {previous!r} ends at {end}" if previous else "the data starts at 0"
             kind = "overlaps another tensor" if start < end else f"leaves {start - end} unused bytes before it"
-            raise bad(f"tensor {name!r} starts at byte {start} of the data but {where}: it {kind}")
+            return f"tensor {name!r} starts at byte {start} of the data but {where}: it {kind}"
         end, previous = stop, name
     if end != data_bytes:
-        raise bad(f"{data_bytes - end} bytes of trailing data follow the last tensor (its data ends at byte {end} "
-                  f"of {data_bytes}); the file was appended to or damaged")
+        return (f"{data_bytes - end} bytes of trailing data follow the last tensor (its data ends at byte {end} "
+                f"of {data_bytes}); the file was appended to or damaged")
+    return None
 
 
-def _check_entry(name: str, info, data_bytes: int, bad) -> None:
+def _check_entry(name: str, info, data_bytes: int) -> str | None:
     if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
-        raise bad(f"tensor {name!r} lacks dtype, shape or data_offsets")
+        return f"tensor {name!r} lacks dtype, shape or data_offsets"
     dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
     if dtype not in DTYPE_SIZES:
-        raise bad(f"tensor {name!r} has unknown dtype {dtype!r}")
+        return f"tensor {name!r} has unknown dtype {dtype!r}"
     if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
-        raise bad(f"tensor {name!r} has an invalid shape {shape!r}")
+        return f"tensor {name!r} has an invalid shape {shape!r}"
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
             and 0 <= offsets[0] <= offsets[1]):
-        raise bad(f"tensor {name!r} has invalid data_offsets {offsets!r}")
+        return f"tensor {name!r} has invalid data_offsets {offsets!r}"
     if offsets[1] > data_bytes:
-        raise bad(f"tensor {name!r} ends at byte {offsets[1]} of the data but the file holds {data_bytes} "
-                  "(truncated?)")
+        return (f"tensor {name!r} ends at byte {offsets[1]} of the data but the file holds {data_bytes} "
+                "(truncated?)")
     numel = 1
     for d in shape:
         numel *= d
     if offsets[1] - offsets[0] != numel * DTYPE_SIZES[dtype]:
-        raise bad(f"tensor {name!r} ({dtype} {shape}) should take {int(numel * DTYPE_SIZES[dtype])} bytes but "
-                  f"its data_offsets span {offsets[1] - offsets[0]}")
+        return (f"tensor {name!r} ({dtype} {shape}) should take {int(numel * DTYPE_SIZES[dtype])} bytes but "
+                f"its data_offsets span {offsets[1] - offsets[0]}")
+    return None
 
 
 def read_index(path: str | os.PathLike) -> dict[str, str]:
@@ -255,7 +280,7 @@ def non_finite_message(name: str, found: tuple[int, list[int]], numel: int, dtyp
     cause = ("the checkpoint is corrupt, or its values overflow float16 (load with dtype=torch.bfloat16)"
              if dtype == torch.float16 else "the checkpoint is corrupt. Re-download or re-convert it")
     return (f"tensor {name} holds {count} non-finite value(s) (NaN or inf) of {numel}, the first at index "
-            f"{first}; {cause}")
+                f"{first}; {cause}")
 
 
 def check_finite(tensors, where: dict[str, str], source) -> None:

@@ -15,6 +15,12 @@ they are never materialised on the device outside the cache pool. Two layouts:
 Every expert is checked finite (no NaN/inf) as it enters the store: pinned, once per layer right
 after it is read (one ``aminmax`` pass); mmap, at its first use, since reading every mapped byte at
 load would defeat the mapping. The error names the tensor and its shard.
+
+The ``safetensors`` library validates every shard (``checkpoint_files.read_safetensors_header``
+calls ``safe_open``), but the bytes are read here: its ``get_tensor`` allocates a new tensor per
+call, while the pinned layout needs each expert read straight into its row of one page-locked
+buffer (no second host copy, no unpinned staging), and the mmap layout needs the tensors' byte
+offsets, which the library does not expose.
 """
 
 from __future__ import annotations

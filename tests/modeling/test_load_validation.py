@@ -176,6 +176,21 @@ def test_overlapping_tensors_are_refused(tmp_path):
         read_safetensors_header(path)
 
 
+def test_safetensors_decides_validity_and_its_reason_is_kept(tmp_path):
+    """A dtype the library accepts is accepted (it once was refused as unknown), and a refusal
+    carries the library's own reason beside the file, tensor and bytes."""
+    path = tmp_path / "fnuz.safetensors"
+    save_file({"a": torch.zeros(4, dtype=torch.float8_e4m3fnuz)}, path)
+    header, start = read_safetensors_header(path)
+    assert header == {"a": {"dtype": "F8_E4M3FNUZ", "shape": [4], "data_offsets": [0, 4]}}
+    assert start == path.stat().st_size - 4
+    with open(path, "ab") as f:
+        f.write(b"x")
+    with pytest.raises(CheckpointError, match=r"1 bytes of trailing data .* \(safetensors: incomplete metadata, "
+                                              r"file not fully covered\)$"):
+        read_safetensors_header(path)
+
+
 @pytest.mark.parametrize("name, shape", [("model.norm.weight", (129,)), (BIAS, (63,)), ("lm_head.weight", (512, 64))])
 def test_resident_shape_mismatch_names_tensor_file_and_both_shapes(copy_checkpoint, tiny_model, name, shape):
     expected = list(tiny_model.state_dict()[name].shape)
