@@ -42,6 +42,22 @@ def overlap_stats(trace) -> dict:
             "num_experts": trace.num_experts}
 
 
+def layer_numbering(trace) -> tuple[str, list[int]]:
+    """How to name the trace's MoE layers: decoder-layer numbers (1-based, ``model.layers[n - 1]``,
+    as ``/stats`` and ``/metrics`` name them) when the trace or its model's config.json says how many
+    dense layers come first; MoE-layer numbers otherwise (traces recorded before the header had it)."""
+    dense = trace.header.get("first_k_dense_replace")
+    if dense is None:
+        config = Path(str(trace.header.get("model", ""))) / "config.json"
+        try:
+            dense = json.loads(config.read_text()).get("first_k_dense_replace")
+        except (OSError, ValueError):
+            dense = None
+    if dense is None:
+        return "MoE layer", list(range(1, trace.num_layers + 1))
+    return "decoder layer", [int(dense) + i + 1 for i in range(trace.num_layers)]
+
+
 def _fmt(x, spec=".3f") -> str:
     return "n/a" if x is None else format(x, spec)
 
@@ -52,10 +68,13 @@ def format_report(s: dict, name: str) -> str:
              f"({_fmt(s['iterations_per_block'], '.2f')} iterations/block); "
              f"block {s['block_length']} x top-{s['top_k']} = {s['routes_per_step']} routes per iteration "
              f"over {s['num_experts']} experts per layer",
+             f"{s.get('layer_label', 'MoE layer')}s numbered as in model.layers (1-based)"
+             if s.get("layer_label") == "decoder layer" else "layers: MoE layers in order (1-based)",
              f"{'layer':<7}{'distinct/iter':>14}{'act/iter':>10}{'act/block':>10}{'overlap in':>11}"
              f"{'overlap across':>15}"]
+    numbers = s.get("layer_numbers") or list(range(1, len(d["per_layer"]) + 1))
     for i, v in enumerate(d["per_layer"]):
-        lines.append(f"{i + 1:<7}{_fmt(v, '.1f'):>14}{_fmt(s['activation_ratio_per_iteration'][i]):>10}"
+        lines.append(f"{numbers[i]:<7}{_fmt(v, '.1f'):>14}{_fmt(s['activation_ratio_per_iteration'][i]):>10}"
                      f"{_fmt(s['activation_ratio_per_block'][i]):>10}"
                      f"{_fmt(s['overlap_within_block']['per_layer'][i]):>11}"
                      f"{_fmt(s['overlap_across_blocks']['per_layer'][i]):>15}")
@@ -83,33 +102,34 @@ def plot(s: dict, path: str, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    layers = np.arange(1, len(s["distinct_experts_per_iteration"]["per_layer"]) + 1)
+    layers = np.asarray(s.get("layer_numbers") or range(1, len(s["distinct_experts_per_iteration"]["per_layer"]) + 1))
+    xlabel = s.get("layer_label", "MoE layer")
     nan = lambda v: [np.nan if x is None else x for x in v]  # noqa: E731
     fig, ax = plt.subplots(2, 2, figsize=(11, 8))
     a = ax[0, 0]
     a.bar(layers, nan(s["distinct_experts_per_iteration"]["per_layer"]), color="tab:blue", label="this model")
     a.axhline(MINI["distinct_per_step"] * s["routes_per_step"] / MINI["routes_per_step"], color="tab:red", ls="--",
               label="LLaDA2.0-mini, scaled to these routes")
-    a.set(title="distinct experts per layer per iteration", xlabel="MoE layer", ylabel="experts")
+    a.set(title="distinct experts per layer per iteration", xlabel=xlabel, ylabel="experts")
     a.legend(fontsize=8)
     a = ax[0, 1]
     w = 0.38
     a.bar(layers - w / 2, nan(s["overlap_within_block"]["per_layer"]), w, label="adjacent iterations, same block")
     a.bar(layers + w / 2, nan(s["overlap_across_blocks"]["per_layer"]), w, label="across a block boundary")
-    a.set(title="share of iteration i+1's experts used at i", xlabel="MoE layer", ylim=(0, 1))
+    a.set(title="share of iteration i+1's experts used at i", xlabel=xlabel, ylim=(0, 1))
     a.legend(fontsize=8)
     a = ax[1, 0]
     a.bar(layers - w / 2, nan(s["activation_ratio_per_iteration"]), w, label="per iteration")
     a.bar(layers + w / 2, nan(s["activation_ratio_per_block"]), w, label="per block (union)")
     a.axhline(MINI["distinct_per_step"] / MINI["num_experts"], color="tab:red", ls="--",
               label="LLaDA2.0-mini per block step")
-    a.set(title="activation ratio (experts used / experts)", xlabel="MoE layer", ylim=(0, 1))
+    a.set(title="activation ratio (experts used / experts)", xlabel=xlabel, ylim=(0, 1))
     a.legend(fontsize=8)
     a = ax[1, 1]
     states = [k for k, v in s["persistence_by_state"].items() if v["tokens"]]
     for i in range(len(layers)):
         a.plot(range(len(states)), nan([s["persistence_by_state"][k]["per_layer"][i] for k in states]), marker="o",
-               label=f"layer {i + 1}")
+               label=f"{xlabel} {layers[i]}")
     a.set_xticks(range(len(states)), states, rotation=35, ha="right", fontsize=8)
     a.set(title="route persistence i -> i+1 by token state at i", ylabel="share of top-k kept", ylim=(0, 1))
     a.legend(fontsize=8)
@@ -130,9 +150,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--save-trace", default=None, help="with --long: keep the recorded trace here")
     p.add_argument("--plot", default=None, help="write the figure (PNG) here")
     p.add_argument("--json", default=None, help="write the statistics (JSON) here")
+    p.add_argument("--overwrite", action="store_true", help="replace existing --plot/--json/--save-trace files")
     args = p.parse_args(argv)
     if args.long == bool(args.trace):
         p.error("give a TRACE or --long (not both)")
+    for flag in ("plot", "json", "save_trace"):  # before minutes of recording: refuse, do not replace
+        out = getattr(args, flag)
+        if out and Path(out).exists() and not args.overwrite:
+            p.error(f"--{flag.replace('_', '-')} {out} exists; give a new path or pass --overwrite to replace it")
     with tempfile.TemporaryDirectory() as tmp:
         path = args.trace
         if args.long:
@@ -143,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
             r = record_trace(path, args.model or LONG_CHECKPOINT, n_per_task=args.n_per_task,
                              block_length=args.block_length, threshold=args.threshold)
             print(f"recorded {r['prompts']} held-out prompts, {r['forwards']} forwards -> {r['path']}")
-        s = routing_stats(load_trace(path)).summary()
+        trace = load_trace(path)
+        s = routing_stats(trace).summary()
+        s["layer_label"], s["layer_numbers"] = layer_numbering(trace)
     name = "long-answer toy (held-out)" if args.long else args.trace
     print(format_report(s, name))
     if args.json:

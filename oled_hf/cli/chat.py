@@ -194,7 +194,7 @@ def chat(args: argparse.Namespace) -> int:
     if problem:
         raise ValueError(problem)
     model, tokenizer = load_model(path, device=args.device, cache_size=args.cache_size, policy=args.policy,
-                                  cache_ratio=args.cache_ratio, dtype=args.dtype)
+                                  cache_ratio=args.cache_ratio, dtype=args.dtype, system=args.offload_system)
     session = ChatSession(model, tokenizer, args.max_tokens, args.block_length, args.threshold, args.system,
                           max_model_len=args.max_model_len)
     interactive = sys.stdin.isatty()

@@ -134,10 +134,15 @@ def report_cmd(args: argparse.Namespace) -> int:
                "`searched` lists each setting and its dev score.\n\n"
                + rp.md_table(["system", "retention", "prefetch", "dispatch", "allocation", "chosen on dev",
                               "searched (dev x fused)", "stands for"], rows))
+    def sim_note(info) -> str:
+        return (f"simulated time: {args.as_model}-sized experts ({cm.expert_bytes / 2**20:.2f} MiB) on H200 + PCIe 5.0 "
+                f"x16; trace {info.label}: {info.num_layers} MoE layers x {info.num_experts} experts, recorded")
+
     # headline + (a) + (b) per trace
     for info in infos:
-        a = plots.tpot_and_utilization(info.runs, names, info.label, out / f"a_tpot_util_{info.label}.png")
-        b = plots.gap_to_ideal(info.runs, names, info.label, out / f"b_gap_{info.label}.png")
+        a = plots.tpot_and_utilization(info.runs, names, info.label, out / f"a_tpot_util_{info.label}.png",
+                                       sim_note(info))
+        b = plots.gap_to_ideal(info.runs, names, info.label, out / f"b_gap_{info.label}.png", sim_note(info))
         sec.append(f"## {info.label}\n### Headline (15/25/40%): oled against the strongest fair system\n"
                    + "\n".join(rp.margin_lines(info.runs)) + "\n\n" + rp.headline_table(info.runs, names)
                    + "\n\nTargets on this trace:\n" + "\n".join(rp.targets(info.runs))
@@ -170,7 +175,8 @@ def report_cmd(args: argparse.Namespace) -> int:
                                                       if rp.pick(abl, lab, p) else "-" for p in rp.HEADLINE_PCT]
                                   for lab in labels]))
         plots.bars({f"{p:g}%": {r.system: r.result.ratio_to_full for r in abl if r.pct == p}
-                    for p in rp.HEADLINE_PCT}, "TPOT / fused", f"(c) ablation, {main.label}", out / "c_ablation.png")
+                    for p in rp.HEADLINE_PCT}, "simulated TPOT / fused residency", f"(c) ablation, {main.label}",
+                   out / "c_ablation.png", sim_note(main))
         sec[-1] += "\n\n![(c)](c_ablation.png)"
     # (d) block length, (e) batch
     for tag, vary, same, key in (("d", lambda i: i.block_length, lambda i: (rp.family(i), i.batch_size), "block"),
@@ -187,8 +193,8 @@ def report_cmd(args: argparse.Namespace) -> int:
             parts_.append(rp.sweep_table(rows_, names, rp.HEADLINE_PCT, key))
             plots.bars({k: {n: next((r.result.ratio_to_full for r in v if r.system == n and r.pct == 40), 0)
                             for n in ("oled", "lru-full", "hybrimoe", "tide")}
-                        for k, v in rows_.items()}, "TPOT / fused at 40%", f"{title}, {rp.family(g[0])}",
-                       out / f"{tag}_{rp.family(g[0])}.png")
+                        for k, v in rows_.items()}, "simulated TPOT / fused at 40%", f"{title}, {rp.family(g[0])}",
+                       out / f"{tag}_{rp.family(g[0])}.png", sim_note(g[0]))
             parts_.append(f"![({tag})]({tag}_{rp.family(g[0])}.png)")
         sec.append(f"## {title}\n" + "\n\n".join(parts_))
     # (f) PCIe bandwidth on the main trace
@@ -209,7 +215,8 @@ def report_cmd(args: argparse.Namespace) -> int:
                                f"{r.result.ratio_to_full:.2f}",
                                f"{1e3 * r.result.full_time_s / max(r.result.forwards, 1):.3f}"] for r in over]))
     plots.bars({r.system: {"planner ms/fwd": 1e3 * r.result.planner_per_forward_s} for r in over},
-               "ms per forward", f"(g) planner host time, {main.label}", out / "g_overhead.png")
+               "planner host ms per forward", f"(g) planner host time, {main.label}", out / "g_overhead.png",
+               f"measured on this CPU during replay of {main.label} at 40% ({main.num_layers} MoE layers)")
     sec[-1] += "\n\n![(g)](g_overhead.png)"
     # (h) mis-calibration: the dispatcher believes wrong CPU speed / PCIe bandwidth; time is the truth
     truth = {(r.system, r.pct): r for r in main.runs}

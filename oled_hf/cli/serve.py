@@ -155,7 +155,7 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     name = args.served_model_name or served_model_name(Path(path))
     model, tokenizer = load_model(path, device=args.device, cache_size=args.cache_size, policy=args.policy,
-                                  cache_ratio=args.cache_ratio, dtype=args.dtype)
+                                  cache_ratio=args.cache_ratio, dtype=args.dtype, system=args.offload_system)
     limits = limits_from(args)
     engine = Engine(model, tokenizer, max_queue=args.max_queue, default_max_tokens=args.default_max_tokens,
                     block_length=args.block_length, threshold=args.threshold, request_timeout=limits.request_timeout,

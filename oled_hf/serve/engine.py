@@ -164,9 +164,10 @@ class GenerationRequest:
 
 
 def load_model(path: str, device: str = "auto", cache_size: int | None = None, policy: str | None = None,
-               cache_ratio: float | None = None, dtype: str | None = None):
+               cache_ratio: float | None = None, dtype: str | None = None, system: str | None = None):
     """Load model and tokenizer once. ``offload_config`` is passed only when ``cache_size`` or
-    ``cache_ratio`` is given; ``dtype`` (``float32``, ``bfloat16``...) is Transformers' load dtype."""
+    ``cache_ratio`` is given, with ``policy`` or a whole ``system`` (``offload/system.py``);
+    ``dtype`` (``float32``, ``bfloat16``...) is Transformers' load dtype."""
     from transformers import AutoModelForCausalLM
 
     import oled_hf  # noqa: F401  (registers the Auto classes)
@@ -183,10 +184,13 @@ def load_model(path: str, device: str = "auto", cache_size: int | None = None, p
         from ..offload.config import OffloadConfig
 
         budget = {"cache_size": cache_size} if cache_size is not None else {"cache_ratio": cache_ratio}
-        kwargs["offload_config"] = OffloadConfig(**budget, **({"policy": policy} if policy else {}))
-    elif policy is not None:
-        raise ValueError("--policy needs --cache-size or --cache-ratio (the policy decides what the expert "
-                         "cache keeps)")
+        if policy and system:
+            raise ValueError("--policy and --offload-system both given: pass one")
+        choice = {"policy": policy} if policy else {"system": system} if system else {}
+        kwargs["offload_config"] = OffloadConfig(**budget, **choice)
+    elif policy is not None or system is not None:
+        raise ValueError(f"{'--policy' if policy else '--offload-system'} needs --cache-size or --cache-ratio "
+                         "(it decides what the expert cache keeps)")
     if dtype is not None:
         kwargs["dtype"] = dtype
     if device != "cpu":

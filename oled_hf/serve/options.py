@@ -4,7 +4,10 @@ As ``vllm serve MODEL`` does, the model may be given positionally (``--model`` i
 ``--cache-ratio`` and ``--max-model-len`` are added; ``--policy`` offers only the retention
 policies that act in a live ``generate``: ``prefetch`` and ``moe-infinity`` copy experts ahead from
 a routing trace's future, which only trace replay (``oled-moe trace replay``) has, so a live model
-would silently run plain LRU under their names.
+would silently run plain LRU under their names. ``--offload-system`` names a whole system (the
+grammar of ``offload/system.py``: retention, dispatch and allocation parts, or a preset such as
+``lru-full``), as ``oled-moe benchmark --system`` does; chat's ``--system`` is already the system
+prompt, hence the longer name. A prefetch part is refused here: prefetchers run in replay only.
 """
 
 from __future__ import annotations
@@ -31,6 +34,21 @@ def live_policy(value: str) -> str:
     raise argparse.ArgumentTypeError(f"unknown policy '{value}'; live policies: {', '.join(LIVE_POLICIES)}")
 
 
+def live_system(value: str) -> str:
+    """argparse type for ``--offload-system``: a system a live ``generate`` can run (no prefetch part)."""
+    from ..offload.system import parse_system
+
+    try:
+        system = parse_system(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if system.prefetch != "none":
+        raise argparse.ArgumentTypeError(
+            f"'{value}' has the prefetch part '{system.prefetch}', which works only in trace replay "
+            "(oled-moe trace replay --system); drop it for a live run")
+    return value
+
+
 def add_serving_model_arguments(p: argparse.ArgumentParser, max_model_len: bool = True) -> None:
     """``cli.common``'s model options, the model as an optional positional, and the loading flags below."""
     from ..cli.common import add_model_arguments
@@ -46,6 +64,9 @@ def add_serving_model_arguments(p: argparse.ArgumentParser, max_model_len: bool 
     policy.metavar = "{" + ",".join(LIVE_POLICIES) + "}"
     policy.help = ("expert-cache retention policy (with --cache-size or --cache-ratio; default: oled); "
                    f"{' and '.join(REPLAY_ONLY_POLICIES)} work only in trace replay")
+    p.add_argument("--offload-system", default=None, type=live_system, metavar="SYSTEM",
+                   help="the offloading system by its parts, e.g. lru+cpu+reuse+adaptive, or a preset such as "
+                        "lru-full or hybrimoe (with --cache-size or --cache-ratio; instead of --policy)")
     p.add_argument("--cache-ratio", type=float, default=None, metavar="RATIO",
                    help="offload experts, keeping this fraction (0 < RATIO <= 1) of the routed-expert bytes on the "
                         "device (default: off; give this or --cache-size)")
@@ -74,8 +95,13 @@ def loading_problem(args: argparse.Namespace) -> str | None:
         return f"--cache-size {args.cache_size} is invalid: must be at least 1 expert slot per MoE layer"
     if args.cache_ratio is not None and not 0.0 < args.cache_ratio <= 1.0:
         return f"--cache-ratio {args.cache_ratio:g} is invalid: must be more than 0 and at most 1"
+    system = getattr(args, "offload_system", None)
+    if args.policy is not None and system is not None:
+        return "--policy and --offload-system both given: pass one (a retention policy, or a whole system)"
     if args.policy is not None and args.cache_size is None and args.cache_ratio is None:
         return "--policy needs --cache-size or --cache-ratio (the policy decides what the expert cache keeps)"
+    if system is not None and args.cache_size is None and args.cache_ratio is None:
+        return "--offload-system needs --cache-size or --cache-ratio (the system decides what the expert cache keeps)"
     limit = getattr(args, "max_model_len", None)
     if limit is not None and limit < 1:
         return f"--max-model-len {limit} is invalid: must be a positive number of tokens"

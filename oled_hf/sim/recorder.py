@@ -86,6 +86,8 @@ class TraceRecorder(IterationObserver):
                                   hidden_size=cfg.hidden_size, moe_intermediate_size=cfg.moe_intermediate_size,
                                   dtype_bytes=dtype_bytes, model=str(getattr(cfg, "_name_or_path", "")),
                                   decoding=decoding)
+        # decoder layers before the first MoE layer: lets figures number layers as model.layers does
+        self.writer.header["first_k_dense_replace"] = int(getattr(cfg, "first_k_dense_replace", 0) or 0)
         if cost_model is not None:
             self.writer.header["cost_model"] = dict(vars(cost_model))
         self.path = path

@@ -123,3 +123,27 @@ def test_piped_lines_decode_each_line_on_its_own():
     assert err.getvalue() == ("error: input line 2: not valid utf-8 text (byte 0xff at position 0); the line was "
                               "skipped\n")
     assert list(piped_lines(io.StringIO("a\nb"), err)) == ["a\n", "b"]  # already text: passed through
+
+
+def test_offload_system_names_a_whole_system(tiny_path, capsys):
+    """``--offload-system`` loads the system it names (chat's ``--system`` stays the system prompt); a prefetch part
+    or a missing budget is exit 2 naming the fault, before anything is loaded."""
+    from oled_hf.cli import chat
+    from oled_hf.serve.engine import load_model
+
+    model, _ = load_model(str(tiny_path), device="cpu", cache_size=4, system="lru-full")
+    stats = model.offload_stats()  # lru-full is lru+cpu+reuse+adaptive; with no accelerator every miss is copied
+    assert stats["policy"] == "lru" and stats["system"] == "lru+copy+adaptive"
+    capsys.readouterr()
+    for argv, message in ((["--offload-system", "lru+gate"], "has the prefetch part 'gate', which works only in "
+                                                              "trace replay"),
+                          (["--offload-system", "lru+nope"], "unknown part 'nope'"),
+                          (["--offload-system", "lru"], "--offload-system needs --cache-size or --cache-ratio"),
+                          (["--offload-system", "lru", "--policy", "oled", "--cache-size", "4"],
+                           "--policy and --offload-system both given")):
+        try:
+            code = chat.main(["--model", str(tiny_path), *argv])
+        except SystemExit as e:  # argparse's own type errors
+            code = e.code
+        err = capsys.readouterr().err
+        assert code == 2 and message in err and "Loading weights" not in err, (argv, err)

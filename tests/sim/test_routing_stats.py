@@ -61,3 +61,46 @@ def test_script_prints_and_plots(trace, tmp_path, capsys):
     assert (tmp_path / "r.png").stat().st_size > 10_000
     legacy = script.overlap_stats(trace)
     assert legacy["within_block"][1] > 0 and legacy["num_experts"] == trace.num_experts
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("routing_overlap", ROOT / "eval" / "routing_overlap.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+def test_layers_are_numbered_as_model_layers_and_stats_name_them(trace, tiny_path, tmp_path, capsys):
+    """The recorder stores first_k_dense_replace; the figure's layers match /stats (decoder layers, 1-based)."""
+    import json
+
+    from oled_hf.serve.metrics import moe_layer_numbers
+
+    config = json.loads((Path(tiny_path) / "config.json").read_text())
+    assert trace.header["first_k_dense_replace"] == config["first_k_dense_replace"]
+    label, numbers = _script().layer_numbering(trace)
+
+    class Cfg:
+        first_k_dense_replace = config["first_k_dense_replace"]
+        num_hidden_layers = config["num_hidden_layers"]
+
+    assert (label, numbers) == ("decoder layer", moe_layer_numbers(Cfg, trace.num_layers))
+    path = tmp_path / "t.trace"
+    trace.save(str(path))
+    assert _script().main([str(path)]) == 0
+    rows = [line.split()[0] for line in capsys.readouterr().out.splitlines() if line[:1].isdigit()]
+    assert rows == [str(n) for n in numbers]
+
+
+def test_existing_outputs_are_refused_before_any_work(trace, tmp_path, capsys):
+    path = tmp_path / "t.trace"
+    trace.save(str(path))
+    mine = tmp_path / "mine.png"
+    mine.write_bytes(b"a figure of mine")
+    with pytest.raises(SystemExit) as e:
+        _script().main([str(path), "--plot", str(mine)])
+    assert e.value.code == 2 and mine.read_bytes() == b"a figure of mine"
+    assert f"--plot {mine} exists; give a new path or pass --overwrite" in capsys.readouterr().err
+    pytest.importorskip("matplotlib")
+    assert _script().main([str(path), "--plot", str(mine), "--overwrite"]) == 0
+    assert mine.read_bytes() != b"a figure of mine"
