@@ -255,6 +255,43 @@ def report_cmd(args: argparse.Namespace) -> int:
                "`--believed-pcie-scale` of `oled-moe trace replay` run one such belief.\n\n"
                "Target (2x errors): oled no slower than the strongest fair system under the same belief.\n"
                + "\n".join(checks) + "\n\n" + "\n\n".join(parts_h))
+    sec.append(ladder_section(infos, traces, costs, tuned, profile, planner, out, sim_note))
     rp.write_markdown(out / "report.md", sec)
     print(f"[report] wrote {out / 'report.md'}")
     return 0
+
+
+def ladder_section(infos, traces, costs, tuned, profile, planner, out: Path, sim_note) -> str:
+    """(i): the oracle ladder (``sim/ladder.py``) on every batch-1 trace, with a figure of the main one."""
+    from ..sim import ladder, plots
+    from ..sim import report as rp
+
+    spec = next(s for s in rp.SYSTEMS if s.name == ladder.FAIR_BASE)
+    parts = [f"## (i) Oracle ladder: where the headroom of retention lies\nEach rung is a retention part under "
+             f"the same dispatch and allocation: the strongest fair one (`{ladder.FAIR_BASE}`'s parts and dev-tuned "
+             "knobs, only retention swapped) and pure caching (every miss copied, uniform split). `belady` knows the "
+             "whole future, `next-oracle` exactly the next access's expert set per layer and nothing further "
+             "(both replay only, `offload/policies/oracle.py`); gain = lru's TPOT / the rung's."]
+    first = None
+    for info in infos:
+        if info.batch_size != 1:
+            continue
+        trace = traces[info.label]
+        prof = profile if profile is not None and profile.shape == (trace.num_layers, trace.num_experts) else None
+        fair = rp.resolve(spec, tuned.get(spec.name), prof)
+        print(f"[report] (i) oracle ladder on {info.label}", flush=True)
+        runs = ladder.oracle_ladder(trace, info.label, fair, costs[info.label], planner, info.warmup)
+        parts.append(f"### {info.label} ({info.num_layers} MoE layers x {info.num_experts})\n"
+                     + "\n".join(ladder.headroom_lines(runs["fair"]))
+                     + f"\n\nStrongest fair dispatch (`{fair.parts}`):\n\n" + ladder.ladder_table(runs["fair"])
+                     + "\n\nPure caching (`copy+uniform`):\n\n" + ladder.ladder_table(runs["pure caching"]))
+        if first is None:
+            first = info
+            plots.bars({f"{p:g}%": {r.system: r.result.ratio_to_full for r in runs["fair"] if r.pct == p}
+                        for p in rp.HEADLINE_PCT}, "simulated TPOT / fused residency",
+                       f"(i) oracle ladder, {info.label}, strongest fair dispatch", out / "i_ladder.png",
+                       sim_note(info))
+            parts.append("![(i)](i_ladder.png)")
+    if first is None:
+        parts.append("Not produced: no batch-1 trace.")
+    return "\n\n".join(parts)

@@ -164,6 +164,12 @@ class OffloadConfig:
                              f"{system.prefetch!r} runs in replay only (oled-moe trace replay --system); "
                              f"a live system is RETENTION[+DISPATCH][+ALLOCATION], e.g. "
                              f"{'+'.join((system.retention, system.dispatch, system.allocation))!r}")
+        from .system import REPLAY_ONLY_RETENTIONS
+
+        if system.retention in REPLAY_ONLY_RETENTIONS:
+            raise ValueError(f"system={self.system!r} is invalid for a live run: its retention "
+                             f"{system.retention!r} is an oracle that reads the trace's future (the report's "
+                             "ladder); it runs in replay only")
         if system.layer_adaptive and not self.layer_adaptive:
             raise ValueError(f"layer_adaptive=False and system={self.system!r} disagree: the system's allocation "
                              f"is 'adaptive'; name a '+uniform' system or leave layer_adaptive at True")

@@ -31,7 +31,8 @@ def test_report_writes_markdown_and_plots(tmp_path):
     md = (out / "report.md").read_text()
     for heading in ("## Traces", "### Headline", "## (c) Ablation", "## (d) Block length", "## (e) Batch size",
                     "## (f) PCIe", "## (g) Planner", "## (h) Mis-calibration", "3 MoE layers x 16 experts",
-                    "x bound", "physical bound", "strongest fair system", "Target (2x errors)", "| physical bound |"):
+                    "x bound", "physical bound", "strongest fair system", "Target (2x errors)", "| physical bound |",
+                    "## (i) Oracle ladder", "### syn-b16-bs1 (3 MoE layers x 16)", "Pure caching (`copy+uniform`)"):
         assert heading in md, heading
     for name in ("mixtral-offloading", "ktransformers", "moe-infinity+cpu", "lru-full", "lfu-full",
                  "+ confidence retention", "+ reuse-aware compensation", "16 GB/s", "block=16", "batch=2",
@@ -39,7 +40,12 @@ def test_report_writes_markdown_and_plots(tmp_path):
         assert name in md, name
     pngs = {p.name for p in out.glob("*.png")}
     assert {"a_tpot_util_syn-b8-bs1.png", "b_gap_syn-b8-bs1.png", "c_ablation.png", "g_overhead.png",
-            "d_syn.png", "e_syn.png"} <= pngs
+            "d_syn.png", "e_syn.png", "i_ladder.png"} <= pngs
+    ladder = md[md.index("## (i) Oracle ladder"):]
+    assert "### syn-b8-bs2" not in ladder  # batch-1 traces only
+    for rung in ("| belady |", "| next-oracle |", "| previous-set |", "| lru |", "| lfu |", "| oled |"):
+        assert ladder.count(rung) == 4, rung  # two traces x two dispatches
+    assert "/ 1.000x |" in ladder  # lru's gain over itself
 
 
 def test_targets_name_met_and_missed():

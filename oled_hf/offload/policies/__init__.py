@@ -6,18 +6,22 @@ from .lfu import LFUPolicy
 from .lru import LRUPolicy, PrefetchPolicy
 from .moe_infinity import MoEInfinityPolicy
 from .oled import OledPolicy
+from .oracle import BeladyPolicy, NextOraclePolicy, PreviousSetPolicy
 from .prefetch import Prefetcher, make_prefetcher
 from .score import ScorePolicy
 from .static import StaticPolicy
 from .tide import TidePolicy
 
 __all__ = [
+    "BeladyPolicy",
     "CachePolicy",
     "LFUPolicy",
     "LRUPolicy",
     "MoEInfinityPolicy",
+    "NextOraclePolicy",
     "OledPolicy",
     "PrefetchPolicy",
+    "PreviousSetPolicy",
     "Prefetcher",
     "ScorePolicy",
     "StaticPolicy",

@@ -1,0 +1,125 @@
+"""Oracle retention for the report's ladder (replay only): what a policy could gain by knowing the future.
+
+Three rungs, each the retention part of a system timed under the same dispatch and allocation as the
+others, so the TPOT gap between two rungs is the value of what the better one knows:
+
+* ``belady``: evicts the resident used furthest in the future (Belady's MIN as a priority:
+  ``-next_use``); never-again experts go first.
+* ``next-oracle``: knows exactly the next access's expert set of each layer and nothing further: experts
+  of that set are kept first, the rest by recency (LRU). The headroom of a perfect next-iteration
+  predictor, which is what confidence-guided retention tries to be.
+* ``previous-set``: no future; keeps the previous access's set first, then LRU (a demand cache holds
+  the current set anyway, so among evictable experts this is LRU except where a request exceeds the
+  cache).
+
+The future is the trace's: ``future`` is one bool matrix per MoE layer, ``[accesses, num_experts]``,
+row t the experts access t of that layer uses (:func:`future_of`). The policy counts its own
+accesses per layer and checks each against its row, so a future that does not belong to the run
+raises instead of timing nonsense. Only retention knows the future: the dispatcher's reuse estimate
+is the base policy's (usage EMA), as for every other retention part.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .base import register
+from .lru import LRUPolicy
+
+KEEP_FIRST = 1e12  # above any LRU clock: the known-needed experts outrank every other
+
+
+def future_of(trace: Any) -> list[np.ndarray]:
+    """Per MoE layer, ``[forwards, num_experts]`` bool: which experts each forward's access uses."""
+    used = [np.zeros((trace.num_forwards, trace.num_experts), dtype=bool) for _ in range(trace.num_layers)]
+    for i in range(trace.num_forwards):
+        ids, _ = trace.routing(i)
+        for layer in range(trace.num_layers):
+            used[layer][i, np.asarray(ids[layer]).reshape(-1)] = True
+    return used
+
+
+def next_use(used: np.ndarray) -> np.ndarray:
+    """``[accesses, E]`` int: the index of the next access after t that uses each expert (a large
+    number when none does), from one reverse scan."""
+    n, e = used.shape
+    out = np.empty((n, e), dtype=np.int64)
+    upcoming = np.full(e, np.iinfo(np.int32).max, dtype=np.int64)
+    for t in range(n - 1, -1, -1):
+        out[t] = upcoming
+        upcoming = np.where(used[t], t, upcoming)
+    return out
+
+
+class _FuturePolicy(LRUPolicy):
+    """LRU plus a per-layer access counter checked against the known future."""
+
+    def __init__(self, num_layers: int, num_experts: int, future: list[np.ndarray] | None = None,
+                 **knobs: Any) -> None:
+        if future is None:
+            raise ValueError(f"retention {self.name!r} is an oracle for trace replay only: it needs the trace's "
+                             "future (knob retention.future = oracle.future_of(trace))")
+        super().__init__(num_layers, num_experts, **knobs)
+        if len(future) != self.num_layers or any(f.shape[1] != self.num_experts for f in future):
+            raise ValueError(f"retention.future has {len(future)} layers; the run has {self.num_layers} MoE layers "
+                             f"of {self.num_experts} experts")
+        self.future = future
+        self._t = np.full(self.num_layers, -1, dtype=np.int64)
+        self._prio = np.zeros((self.num_layers, self.num_experts))
+
+    def _update(self, layer: int, ids: np.ndarray, weights: Any, counts: np.ndarray, clock: int) -> None:
+        super()._update(layer, ids, weights, counts, clock)
+        t = self._t[layer] = self._t[layer] + 1
+        rows = self.future[layer]
+        if t >= rows.shape[0] or not np.array_equal(rows[t], counts > 0):
+            raise ValueError(f"retention {self.name!r}: access {t} of MoE layer {layer} does not match the future "
+                             "it was given (a future of another trace, or of another warm-up)")
+
+
+@register
+class BeladyPolicy(_FuturePolicy):
+    name = "belady"
+
+    def __init__(self, num_layers: int, num_experts: int, future: list[np.ndarray] | None = None,
+                 **knobs: Any) -> None:
+        super().__init__(num_layers, num_experts, future, **knobs)
+        self._next = [next_use(f) for f in self.future]
+
+    def priority_array(self, layer: int) -> np.ndarray:
+        np.negative(self._next[layer][max(self._t[layer], 0)], out=self._prio[layer], casting="unsafe")
+        return self._prio[layer]
+
+
+@register
+class NextOraclePolicy(_FuturePolicy):
+    name = "next-oracle"
+
+    def priority_array(self, layer: int) -> np.ndarray:
+        t, rows = self._t[layer], self.future[layer]
+        nxt = rows[t + 1] if 0 <= t + 1 < rows.shape[0] else np.zeros(self.num_experts, dtype=bool)
+        np.add(self._last[layer], KEEP_FIRST * nxt, out=self._prio[layer])
+        return self._prio[layer]
+
+
+@register
+class PreviousSetPolicy(LRUPolicy):
+    """The previous access's set first, then recency; no future (a rung of the ladder, not an oracle)."""
+
+    name = "previous-set"
+
+    def __init__(self, num_layers: int, num_experts: int, **knobs: Any) -> None:
+        super().__init__(num_layers, num_experts, **knobs)
+        self._prev = np.zeros((self.num_layers, self.num_experts), dtype=bool)
+        self._cur = np.zeros((self.num_layers, self.num_experts), dtype=bool)
+        self._prio = np.zeros((self.num_layers, self.num_experts))
+
+    def _update(self, layer: int, ids: np.ndarray, weights: Any, counts: np.ndarray, clock: int) -> None:
+        super()._update(layer, ids, weights, counts, clock)
+        self._prev[layer] = self._cur[layer]
+        self._cur[layer] = counts > 0
+
+    def priority_array(self, layer: int) -> np.ndarray:
+        np.add(self._last[layer], KEEP_FIRST * self._prev[layer], out=self._prio[layer])
+        return self._prio[layer]

@@ -1,0 +1,89 @@
+"""The report's oracle ladder, section (i): where the headroom of retention lies.
+
+Per trace and cache size, one retention part after another under the same dispatch and allocation:
+
+* ``belady`` (knows the whole future) and ``next-oracle`` (knows exactly the next access's expert
+  set of each layer, nothing further), both from ``offload/policies/oracle.py``;
+* ``previous-set`` (the previous access's set first, then recency), ``lru``, ``lfu``, ``oled``.
+
+Two dispatches: the *strongest fair* one (the parts and tuned knobs of the report's strongest
+composed baseline, ``lru-full``: CPU compensation with reuse copies, layer-adaptive split; only the
+retention part is swapped) and *pure caching* (every miss copied, uniform split), where hit rate
+alone decides. Read it as: ``next-oracle`` far below ``belady`` means the gain is in longer-horizon
+value, not in predicting the next iteration; ``oled`` close to ``lru`` and far below
+``next-oracle`` means the predictor, not the cache, is what is missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from ..offload.policies.oracle import future_of
+from ..offload.system import System
+from .replay import replay
+from .report import HEADLINE_PCT, Run, md_table, slots_for
+from .trace import Trace
+
+RUNGS = ("belady", "next-oracle", "previous-set", "lru", "lfu", "oled")
+ORACLES = ("belady", "next-oracle")
+FAIR_BASE = "lru-full"  # the composed baseline whose dispatch and allocation every rung gets
+
+
+def rung_system(base: System, retention: str, future: list[np.ndarray] | None) -> System:
+    """``base`` with its retention part (and that part's knobs) replaced by ``retention``."""
+    knobs = {k: v for k, v in base.knobs.items() if not k.startswith("retention.")}
+    system = dataclasses.replace(base, retention=retention, knobs=knobs)
+    return system.with_knobs(retention__future=future) if retention in ORACLES else system
+
+
+def pure_caching(base: System) -> System:
+    return System(base.retention, "none", "copy", "uniform", {})
+
+
+def oracle_ladder(trace: Trace, label: str, fair: System, cost: Any, planner_s: float | None,
+                  warmup_sequences: int = 0, pcts: tuple[float, ...] = HEADLINE_PCT) -> dict[str, list[Run]]:
+    """``{"fair": runs, "pure caching": runs}``, one run per rung and size (``Run.system`` = the rung)."""
+    future = future_of(trace)
+    out: dict[str, list[Run]] = {"fair": [], "pure caching": []}
+    for dispatch, base in (("fair", fair), ("pure caching", pure_caching(fair))):
+        for pct in pcts:
+            size = slots_for(pct, trace.num_experts)
+            for rung in RUNGS:
+                r = replay(trace, rung, size, system=rung_system(base, rung, future), cost_model=cost,
+                           planner_s=planner_s, warmup_sequences=warmup_sequences)
+                out[dispatch].append(Run(label, rung, pct, r))
+    return out
+
+
+def ladder_table(runs: list[Run], pcts: tuple[float, ...] = HEADLINE_PCT) -> str:
+    """Hit rate and x fused per rung and size, with each rung's TPOT gain over lru (x)."""
+    by = {(r.system, r.pct): r.result for r in runs}
+    head = ["retention"] + [f"{p:g}%: hit / x fused / gain over lru" for p in pcts]
+    rows = []
+    for rung in RUNGS:
+        cells = [rung]
+        for p in pcts:
+            r, lru = by.get((rung, p)), by.get(("lru", p))
+            cells.append("-" if r is None else
+                         f"{r.hit_rate:.3f} / {r.ratio_to_full:.2f} / {lru.tpot_s / r.tpot_s:.3f}x")
+        rows.append(cells)
+    return md_table(head, rows)
+
+
+def headroom_lines(runs: list[Run], pcts: tuple[float, ...] = HEADLINE_PCT) -> list[str]:
+    """One line per size: how much of lru -> belady the next-iteration oracle and oled cover."""
+    by = {(r.system, r.pct): r.result for r in runs}
+    lines = []
+    for p in pcts:
+        lru, nxt, best, ours = (by.get((n, p)) for n in ("lru", "next-oracle", "belady", "oled"))
+        if None in (lru, nxt, best, ours):
+            continue
+        gap = lru.tpot_s - best.tpot_s
+        nxt_share, our_share = (f"{(lru.tpot_s - r.tpot_s) / gap:.0%}" if gap > 0 else "n/a" for r in (nxt, ours))
+        lines.append(f"- {p:g}%: lru -> belady is {lru.tpot_s / best.tpot_s:.3f}x; the next-iteration oracle "
+                     f"covers {nxt_share} of it ({lru.tpot_s / nxt.tpot_s:.3f}x), oled {our_share} "
+                     f"({lru.tpot_s / ours.tpot_s:.3f}x)")
+    return lines
