@@ -20,9 +20,18 @@ decoder and a router:
 
 Each sequence is: a prefill forward (prompt rows), then per block: block start, one denoise forward
 + event per iteration, a KV-refresh forward, block end. Everything goes through :class:`TraceWriter`.
+
+``generate(SynthParams, TraceShape)`` is the fitted generator (same decoder/router idea, a small parameter set
+that ``synth_fit.fit`` estimates from a recorded trace and ``synth_like`` sets from published figures); the
+original ``synthetic_trace`` is unchanged (tests and benchmarks depend on its exact output).
 """
 
 from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -117,4 +126,192 @@ def synthetic_trace(
             ids, w = _routes(pop + route_noise * noise, k)
             writer.add_forward("refresh", block, it, list(ids), list(w), predicted(noise))
             writer.on_block_end(block, torch.from_numpy(tokens.reshape(batch, B).copy()))
+    return writer.trace()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The fitted generator: a small parameter set (``SynthParams``, estimated by ``synth_fit.fit`` or taken from a
+# published model by ``synth_like``) and a trace skeleton (``TraceShape``: sequences, prompt rows, blocks and the
+# masked positions each starts with), so a synthetic trace can take a recorded trace's shape.
+
+STATES = ("decoded", "committed")  # plus one "masked lo-hi" state per routing_stats confidence bin
+
+
+@dataclass
+class SynthParams:
+    """What the fitted generator needs: shape, decoder and router parameters (per layer where they vary).
+
+    Router: a token's logits at layer l are ``popularity_scale[l] * g_l + block_scale[l] * b_l + eps``, with g_l a
+    static popularity (seeded by ``popularity_seed``: dev and held-out synthetic traces share it, as a model's
+    expert identities), b_l a block component (carried between the blocks of a sequence with correlation
+    ``block_carry[l]``) and eps the token's own noise, carried from iteration i to i+1 with correlation
+    ``carry[state][l]`` by the token's state at i (``STATES`` + the masked confidence bins of routing_stats).
+    Predicted next-layer routes use ``predict_carry[l] * eps + fresh``. Decoder: per block a share p ~
+    Beta(sure_alpha, sure_beta) of its masked positions is sure (commits at once); each later iteration each
+    unsure position becomes sure with probability ``hazard``; an iteration with no sure position commits the most
+    confident one. Unsure confidences: threshold * Beta(conf_alpha, conf_beta) + N(0, conf_jitter) per iteration.
+    """
+
+    num_layers: int
+    num_experts: int
+    top_k: int
+    block_length: int
+    popularity_scale: list[float]
+    block_scale: list[float]
+    block_carry: list[float]
+    carry: dict[str, list[float]]
+    predict_carry: list[float] | None = None
+    threshold: float = 0.95
+    sure_alpha: float = 1.0
+    sure_beta: float = 1.0
+    hazard: float = 0.1
+    conf_alpha: float = 2.0
+    conf_beta: float = 2.0
+    conf_jitter: float = 0.05
+    hidden_size: int = 2048
+    moe_intermediate_size: int = 512
+    dtype_bytes: int = 2
+    popularity_seed: int = 0
+    source: str = ""
+    assumptions: list[str] = field(default_factory=list)  # every figure not measured, with its source
+    targets: dict[str, Any] = field(default_factory=dict)  # the statistics the parameters were fitted to
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> SynthParams:
+        data = json.loads(text)
+        unknown = set(data) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"not a synthetic-workload parameter file: unknown keys {sorted(unknown)}")
+        return cls(**data)
+
+    def save(self, path: str) -> None:
+        Path(path).write_text(self.to_json())
+
+    @classmethod
+    def load(cls, path: str) -> SynthParams:
+        try:
+            return cls.from_json(Path(path).read_text())
+        except (json.JSONDecodeError, TypeError) as exc:
+            raise ValueError(f"{path}: not a synthetic-workload parameter file ({exc})") from exc
+
+
+@dataclass
+class SeqShape:
+    """One sequence's skeleton: prompt rows of its prefill, and per block its index, masked positions per batch
+    row at its start, and whether a KV-refresh forward follows it (the recorder skips it after the last block)."""
+
+    prompt_rows: int
+    blocks: list[tuple[int, list[int], bool]]
+
+
+@dataclass
+class TraceShape:
+    batch: int
+    sequences: list[SeqShape]
+
+    @classmethod
+    def uniform(cls, num_sequences: int, num_blocks: int, block_length: int, batch: int = 1,
+                prompt_length: int = 8) -> TraceShape:
+        """Every block fully masked, a refresh after every block but the last (as recorded)."""
+        blocks = [(b + 1, [block_length] * batch, b < num_blocks - 1) for b in range(num_blocks)]
+        return cls(batch, [SeqShape(batch * prompt_length, list(blocks)) for _ in range(num_sequences)])
+
+    @property
+    def num_blocks(self) -> int:
+        return sum(len(s.blocks) for s in self.sequences)
+
+
+def _bin_state(conf: np.ndarray, bins: tuple[float, ...]) -> np.ndarray:
+    return np.clip(np.searchsorted(bins, conf, side="right") - 1, 0, len(bins) - 2) + len(STATES)
+
+
+def state_carry(params: SynthParams, bins: tuple[float, ...]) -> np.ndarray:
+    """[states, layers] carry per state index (decoded, committed, masked bins), as generate uses it."""
+    labels = list(STATES) + [f"masked {lo:.2f}-{min(hi, 1.0):.2f}" for lo, hi in zip(bins[:-1], bins[1:])]
+    return np.asarray([params.carry[s] for s in labels], dtype=np.float64)
+
+
+class _Decoder:
+    """The commit schedule of one block (all batch rows): sure positions commit, else each row's most confident."""
+
+    def __init__(self, p: SynthParams, rng: np.random.Generator, masked: np.ndarray, batch: int) -> None:
+        self.p, self.rng, self.batch = p, rng, batch
+        self.masked = masked.copy()
+        share = rng.beta(p.sure_alpha, p.sure_beta, size=(batch, 1))
+        rows = masked.reshape(batch, -1)
+        self.sure = (rng.random(rows.shape) < share).reshape(-1) & masked
+        self.base = p.threshold * rng.beta(p.conf_alpha, p.conf_beta, size=masked.shape)
+
+    def step(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(masked at start, reported confidence, committed) of one iteration; advances the state."""
+        p, n = self.p, self.masked.shape[0]
+        conf = np.clip(self.base + self.rng.normal(0.0, p.conf_jitter, size=n), 0.01, p.threshold - 1e-3)
+        conf = np.where(self.sure, self.rng.uniform(p.threshold, 1.0, size=n), conf)
+        commit = self.masked & self.sure
+        rows_m, rows_c, rows_conf = (x.reshape(self.batch, -1) for x in (self.masked, commit, conf))
+        for r in range(self.batch):
+            if rows_m[r].any() and not rows_c[r].any():
+                rows_c[r, np.flatnonzero(rows_m[r])[np.argmax(rows_conf[r][rows_m[r]])]] = True
+        start = self.masked.copy()
+        self.masked &= ~commit
+        self.sure |= self.masked & (self.rng.random(n) < p.hazard)
+        return start, np.where(start, conf, 1.0).astype(np.float32), commit
+
+
+def generate(params: SynthParams, shape: TraceShape, seed: int = 0,
+             bins: tuple[float, ...] | None = None) -> Trace:
+    """A synthetic trace with ``shape``'s skeleton and ``params``' decoder and router (deterministic per seed)."""
+    from .routing_stats import CONFIDENCE_BINS
+
+    bins = CONFIDENCE_BINS if bins is None else bins
+    p, L, E, k, B = params, params.num_layers, params.num_experts, params.top_k, params.block_length
+    rng = np.random.default_rng([seed, 1])
+    g = np.random.default_rng([params.popularity_seed, 2]).normal(size=(L, 1, E))
+    s = np.asarray(p.popularity_scale, dtype=np.float64).reshape(L, 1, 1)
+    d = np.asarray(p.block_scale, dtype=np.float64).reshape(L, 1, 1)
+    rho = np.asarray(p.block_carry, dtype=np.float64).reshape(L, 1, 1)
+    carry = state_carry(p, bins)  # [states, L]
+    pc = None if p.predict_carry is None else np.asarray(p.predict_carry, dtype=np.float64).reshape(L, 1, 1)
+    writer = TraceWriter(L, E, k, B, hidden_size=p.hidden_size, moe_intermediate_size=p.moe_intermediate_size,
+                         dtype_bytes=p.dtype_bytes, model=f"synthetic ({p.source})" if p.source else "synthetic",
+                         decoding={"threshold": p.threshold, "seed": seed})
+    writer.header["batch_size"] = shape.batch
+
+    def forward(kind: str, block: int, it: int, blk: np.ndarray, eps: np.ndarray) -> None:
+        ids, w = _routes(s * g + d * blk + eps, k)
+        pred = None
+        if pc is not None:
+            mixed = pc * eps + np.sqrt(1 - pc ** 2) * rng.normal(size=eps.shape)
+            pids, pw = _routes(s * g + d * blk + mixed, k)
+            pred = ([None] + list(pids[1:]), [None] + list(pw[1:]))
+        writer.add_forward(kind, block, it, list(ids), list(w), pred)
+
+    for n, seq in enumerate(shape.sequences):
+        writer.begin_sequence(n)
+        blk = rng.normal(size=(L, 1, E))
+        forward("prefill", -1, -1, blk, rng.normal(size=(L, seq.prompt_rows, E)))
+        for i, (block, masked_rows, refresh) in enumerate(seq.blocks):
+            if i:
+                blk = rho * blk + np.sqrt(1 - rho ** 2) * rng.normal(size=blk.shape)
+            masked = np.concatenate([np.arange(B) >= B - m for m in masked_rows])
+            tokens = np.where(masked, -1, rng.integers(0, 1000, size=masked.shape))
+            eps = rng.normal(size=(L, masked.shape[0], E))
+            writer.on_block_start(block, torch.from_numpy(tokens.reshape(shape.batch, B)))
+            dec, it = _Decoder(p, rng, masked, shape.batch), 0
+            while dec.masked.any():
+                forward("denoise", block, it, blk, eps)
+                start, conf, commit = dec.step()
+                tokens[commit] = rng.integers(0, 1000, size=int(commit.sum()))
+                writer.on_iteration(IterationEvent(block, it, *(torch.from_numpy(x.reshape(shape.batch, B).copy())
+                                                                 for x in (start, conf, commit, tokens))))
+                state = np.where(~start, 0, np.where(commit, 1, _bin_state(conf, bins)))
+                c = carry[state].T[:, :, None]  # [L, T, 1]
+                eps = c * eps + np.sqrt(np.maximum(1 - c ** 2, 0.0)) * rng.normal(size=eps.shape)
+                it += 1
+            if refresh:
+                forward("refresh", block, it, blk, eps)
+            writer.on_block_end(block, torch.from_numpy(tokens.reshape(shape.batch, B).copy()))
     return writer.trace()
