@@ -11,7 +11,7 @@ Each part has one interface and knows nothing of the others:
 A gain is then credited to the part that differs. Grammar of a system string (``--system``)::
 
     RETENTION [+PREFETCH] [+DISPATCH] [+ALLOCATION]     parts joined by '+', in this order
-    RETENTION  = oled | lru | lfu | static | tide | moe-infinity | score | previous-set
+    RETENTION  = oled | lru | lfu | static | tide | moe-infinity | score | phase | previous-set
                  | next-oracle | belady                      (the last two: oracles, replay only)
     PREFETCH   = none | gate | gate-capped | matrix     (default none)
     DISPATCH   = copy | cpu | cpu+reuse                  (default copy)
@@ -46,8 +46,8 @@ from .policies.prefetch import PREFETCHERS, Prefetcher
 if TYPE_CHECKING:
     from .config import OffloadConfig
 
-RETENTIONS = ("oled", "lru", "lfu", "static", "tide", "moe-infinity", "score", "previous-set", "next-oracle",
-              "belady")
+RETENTIONS = ("oled", "lru", "lfu", "static", "tide", "moe-infinity", "score", "phase", "previous-set",
+              "next-oracle", "belady")
 REPLAY_ONLY_RETENTIONS = ("next-oracle", "belady")  # oracles of the report's ladder: they read the trace's future
 ALLOCATIONS = ("uniform", "adaptive")
 KNOB_PARTS = ("retention", "prefetch", "dispatch")

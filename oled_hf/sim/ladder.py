@@ -4,7 +4,9 @@ Per trace and cache size, one retention part after another under the same dispat
 
 * ``belady`` (knows the whole future) and ``next-oracle`` (knows exactly the next access's expert
   set of each layer, nothing further), both from ``offload/policies/oracle.py``;
-* ``previous-set`` (the previous access's set first, then recency), ``lru``, ``lfu``, ``oled``.
+* ``previous-set`` (the previous access's set first, then recency), ``phase`` (LRU with block-start
+  memory, ``offload/policies/phase.py``: the one signal of a block boundary alone), ``lru``, ``lfu``,
+  ``oled``.
 
 Two dispatches: the *strongest fair* one (the parts and tuned knobs of the report's strongest
 composed baseline, ``lru-full``: CPU compensation with reuse copies, layer-adaptive split; only the
@@ -27,7 +29,7 @@ from .replay import replay
 from .report import HEADLINE_PCT, Run, md_table, slots_for
 from .trace import Trace
 
-RUNGS = ("belady", "next-oracle", "previous-set", "lru", "lfu", "oled")
+RUNGS = ("belady", "next-oracle", "previous-set", "phase", "lru", "lfu", "oled")
 ORACLES = ("belady", "next-oracle")
 FAIR_BASE = "lru-full"  # the composed baseline whose dispatch and allocation every rung gets
 

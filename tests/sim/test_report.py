@@ -43,7 +43,7 @@ def test_report_writes_markdown_and_plots(tmp_path):
             "d_syn.png", "e_syn.png", "i_ladder.png"} <= pngs
     ladder = md[md.index("## (i) Oracle ladder"):]
     assert "### syn-b8-bs2" not in ladder  # batch-1 traces only
-    for rung in ("| belady |", "| next-oracle |", "| previous-set |", "| lru |", "| lfu |", "| oled |"):
+    for rung in ("| belady |", "| next-oracle |", "| previous-set |", "| phase |", "| lru |", "| lfu |", "| oled |"):
         assert ladder.count(rung) == 4, rung  # two traces x two dispatches
     assert "/ 1.000x |" in ladder  # lru's gain over itself
 

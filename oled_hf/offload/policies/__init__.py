@@ -7,6 +7,7 @@ from .lru import LRUPolicy, PrefetchPolicy
 from .moe_infinity import MoEInfinityPolicy
 from .oled import OledPolicy
 from .oracle import BeladyPolicy, NextOraclePolicy, PreviousSetPolicy
+from .phase import PhasePolicy
 from .prefetch import Prefetcher, make_prefetcher
 from .score import ScorePolicy
 from .static import StaticPolicy
@@ -20,6 +21,7 @@ __all__ = [
     "MoEInfinityPolicy",
     "NextOraclePolicy",
     "OledPolicy",
+    "PhasePolicy",
     "PrefetchPolicy",
     "PreviousSetPolicy",
     "Prefetcher",
