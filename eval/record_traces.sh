@@ -7,7 +7,8 @@
 # prompts (dev). The toy addition model and the random-weight `small` preset are recorded too; the
 # synthetic trace has LLaDA2.0-mini's shape (19 x 256, top-8).
 # LONG_ONLY=1 records only the long-answer model's traces; LONG_N (default 10) is problems per task;
-# LONG_SPLITS (default "held-out dev") which splits it records.
+# LONG_SPLITS (default "held-out dev") which splits it records; LONG_LABEL (default "long") names its
+# traces (LABEL-b16-bs1.trace, ...): "deep" for the 8-MoE-layer model.
 set -euo pipefail
 OUT=${1:?usage: eval/record_traces.sh OUT [LONG_MODEL]}
 LONG=${2:-}
@@ -19,6 +20,7 @@ mkdir -p "$OUT/held-out" "$OUT/dev"
 # stderr is a terminal (none in a log; transformers' "Loading weights" bars are off there too).
 # A failing record stops the script (set -e): a missing trace would only surface in the report.
 SPLITS=${LONG_SPLITS:-held-out dev}
+LABEL=${LONG_LABEL:-long}
 TOTAL=0
 [ -z "${LONG_ONLY:-}" ] && TOTAL=15  # 13 recorded + 2 synthetic
 [ -n "$LONG" ] && TOTAL=$((TOTAL + 2 * $(wc -w <<< "$SPLITS") + 4))
@@ -84,19 +86,19 @@ fi
 if [ -n "$LONG" ]; then
   # LONG_N problems per task of the checkpoint's mix, interleaved (held-out: the report; dev: tuning only)
   for SPLIT in $SPLITS; do
-    echo "choosing $LONG_N $SPLIT problems per task of $LONG's mix -> $OUT/long-$SPLIT-prompts.txt"
+    echo "choosing $LONG_N $SPLIT problems per task of $LONG's mix -> $OUT/$LABEL-$SPLIT-prompts.txt"
     "${PYTHON:-.venv/bin/python}" -c "import sys; from oled_hf.toy.long.traces import split_questions as q
-print('\n'.join(q(sys.argv[1], int(sys.argv[3]), sys.argv[2])))" "$LONG" $SPLIT "$LONG_N" > "$OUT/long-$SPLIT-prompts.txt"
+print('\n'.join(q(sys.argv[1], int(sys.argv[3]), sys.argv[2])))" "$LONG" $SPLIT "$LONG_N" > "$OUT/$LABEL-$SPLIT-prompts.txt"
     for B in 16 32; do
-      rec --model "$LONG" --prompts "$OUT/long-$SPLIT-prompts.txt" --block-length $B --steps $B \
-          --max-new-tokens 128 --out "$OUT/$SPLIT/long-b$B-bs1.trace"
+      rec --model "$LONG" --prompts "$OUT/$LABEL-$SPLIT-prompts.txt" --block-length $B --steps $B \
+          --max-new-tokens 128 --out "$OUT/$SPLIT/$LABEL-b$B-bs1.trace"
     done
   done
-  rec --model "$LONG" --prompts "$OUT/long-held-out-prompts.txt" --block-length 8 --steps 8 \
-      --max-new-tokens 128 --out "$OUT/held-out/long-b8-bs1.trace"
+  rec --model "$LONG" --prompts "$OUT/$LABEL-held-out-prompts.txt" --block-length 8 --steps 8 \
+      --max-new-tokens 128 --out "$OUT/held-out/$LABEL-b8-bs1.trace"
   for BS in 2 4 8; do
-    rec --model "$LONG" --prompts "$OUT/long-held-out-prompts.txt" --block-length 16 --steps 16 \
-        --max-new-tokens 128 --batch-size $BS --out "$OUT/held-out/long-b16-bs$BS.trace"
+    rec --model "$LONG" --prompts "$OUT/$LABEL-held-out-prompts.txt" --block-length 16 --steps 16 \
+        --max-new-tokens 128 --batch-size $BS --out "$OUT/held-out/$LABEL-b16-bs$BS.trace"
   done
 fi
 echo "recorded $N traces in $(( SECONDS - START )) s:"
