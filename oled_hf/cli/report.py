@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 RECORD_COMMAND = "LONG_ONLY=1 eval/record_traces.sh TRACES oled_hf/toy/long/checkpoint"
+PREDICTOR_FIGURE, PREDICTOR_TEXT = "i_predictors.png", "i_predictors.txt"  # eval/predictor_quality.py's, if present
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -294,4 +295,9 @@ def ladder_section(infos, traces, costs, tuned, profile, planner, out: Path, sim
             parts.append("![(i)](i_ladder.png)")
     if first is None:
         parts.append("Not produced: no batch-1 trace.")
+    if (out / PREDICTOR_FIGURE).is_file():  # written before the report by eval/report/regenerate.sh
+        parts.append(f"### Predictor quality\nPrecision and recall of each predictor of the next access's expert set, "
+                     "by block position and token class, and the pure-caching ladder of every predictor used as "
+                     f"retention (`eval/predictor_quality.py`; its printed tables: `{PREDICTOR_TEXT}`).\n\n"
+                     f"![(i) predictors]({PREDICTOR_FIGURE})")
     return "\n\n".join(parts)
