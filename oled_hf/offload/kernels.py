@@ -1,24 +1,34 @@
-"""Compiled host code of the offload hot path (numba, optional): OLED's update, the planner, the row classes.
+"""The policy and planner math of the offload hot path, written once: OLED's update, the planner, the reuse rule.
 
-Why: at LLaDA2.0-mini scale a layer access was ~60-80 small NumPy calls of 1-3 us each, so the
-host time was call dispatch, not arithmetic. Here a whole access is two calls: ``oled_update``
-(the policy) and ``plan_access`` (hits, the copy-vs-CPU split, slots and victims, streaming,
-reuse copies, over ``CacheState``'s arrays); each compiled call costs about 0.15 us per argument
-to enter, which is why the planner passes packed tables. Every kernel performs the same IEEE
-operations in the same order as the Python/NumPy code it stands in for (``np.bincount``'s
-sequential sums, NumPy's pairwise float32 row sums, stable orders with ties by expert id,
-NumPy's float64 arithmetic and truncating casts), so decisions, counters and the plan checksums
-do not depend on which path ran; ``tests/offload/test_kernels.py`` compares the two.
+These functions are the only implementation of those rules; the classes around them
+(``planner.CacheState``, ``policies.oled.OledPolicy``) hold the state arrays and pack arguments.
+Why kernels: at LLaDA2.0-mini scale a layer access was ~60-80 small NumPy calls of 1-3 us each,
+so the host time was call dispatch, not arithmetic. Here a whole access is two calls:
+``oled_update`` (the policy) and ``plan_access`` (hits, the copy-vs-CPU split, slots and victims,
+streaming, reuse copies); each compiled call costs about 0.15 us per argument to enter, which is
+why the planner passes packed tables.
 
-Transcendentals: ``plan_access`` evaluates OLED's reuse (``log1p``, ``expm1``) with libm, which is
-what NumPy calls on AVX2 machines like the test machine (bit-identical there, tested); NumPy's
-AVX-512 builds use their own versions, which can differ in the last bit, so there a reuse
-prediction may differ by one ulp (a decision only at an exact tie; the checksums would show it).
+Compiled or not, the same source runs. ``jit`` compiles a function with numba (a required
+dependency; cached on disk) and otherwise returns the function itself, which then runs as plain
+Python on NumPy scalars: with ``OLED_HF_KERNELS=numpy`` or ``NUMBA_DISABLE_JIT=1`` in the
+environment, or where numba cannot be imported. That path is ~100x slower and is there for
+debugging (breakpoints, prints) and for machines without numba; ``COMPILED`` says which runs. Both
+perform the same IEEE operations in the same order (float32 stays float32, a division by zero gives
+inf or NaN as NumPy's does: ``error_model="numpy"``), so decisions and the plan checksums do not
+depend on which ran; ``tests/offload/test_kernels.py`` runs both on random cases.
 
-All kernels live in this one file because numba's on-disk cache invalidates a function when its
-own file changes, not when a kernel it calls in another file does. Without numba, or with
-``OLED_HF_KERNELS=numpy`` in the environment, ``ENABLED`` is False and the Python code runs (it
-stays the reference).
+The floating-point contract is the NumPy reference's that these kernels replaced, so the plan
+checksums pinned on it still hold: per-expert sums are sequential in route order (``np.bincount``),
+a row's or a batch's total is NumPy's pairwise sum (``_pairwise``), orders are stable with ties by
+expert id, casts truncate. Transcendentals are libm's (``math.log1p``/``math.expm1``, ``np.sqrt``
+is exact), compiled or not: not NumPy's SIMD versions, which on AVX-512 builds may differ from
+libm in the last bit of a reuse prediction.
+
+One file, past the ~400-line guideline, on purpose: numba's on-disk cache invalidates a function
+when its own file changes, not when a kernel it calls in another file does, and these kernels call
+each other (``plan_access`` -> ``_split_misses`` -> ``_pairwise``, ``oled_update`` -> ``_measure``
+-> ``_stability``, the reuse rule from both the planner and the policy): split across files, an
+edit to a callee would leave callers running its old code from the cache.
 """
 
 from __future__ import annotations
@@ -28,37 +38,38 @@ import os
 
 import numpy as np
 
-try:  # numba is an optional dependency (the ``fast`` extra)
+try:  # required (pyproject); the import may fail only on a platform numba does not support
     import numba
 except ImportError:  # pragma: no cover - exercised where numba is missing
     numba = None
 
-ENABLED = numba is not None and os.environ.get("OLED_HF_KERNELS", "numba") != "numpy"
-MAX_ROW = 128  # routes per row the gated update handles (NumPy's pairwise sum recurses beyond)
+COMPILED = (numba is not None and not numba.config.DISABLE_JIT
+            and os.environ.get("OLED_HF_KERNELS", "numba") != "numpy")
+ENABLED = COMPILED  # the earlier name (allocation.py's NumPy fallbacks read it)
 MAX_REUSE = 32.0  # cap of a predicted reuse (policies.base re-exports it)
 
 
 def jit(fn):
-    """``fn`` compiled (numba, cached on disk) where the kernels are enabled, else None."""
-    return numba.njit(cache=True, nogil=True)(fn) if ENABLED else None
+    """``fn`` compiled by numba (nogil, cached on disk) where ``COMPILED``, else ``fn`` itself."""
+    if not COMPILED:
+        return fn
+    return numba.njit(cache=True, nogil=True, error_model="numpy")(fn)
 
 
-def _pairwise(a, n):
-    """NumPy's pairwise sum of ``a[:n]`` (``np.add.reduce``), 1 <= n <= 128, in ``a``'s dtype.
-
-    Up to 128 terms NumPy adds eight interleaved partial sums, combines them as a tree and adds
-    the remainder in order (below 8 terms: in order); longer rows split recursively, which top-k
-    routing and a layer's few misses never need (``MAX_ROW``). The compiled arithmetic keeps
-    float32 in float32, as NumPy does.
-    """
+# ---------------------------------------------------------------------------------------------- sums
+@jit
+def _pairwise_block(a, lo, n):
+    """NumPy's sum of ``a[lo:lo + n]`` for 1 <= n <= 128: eight interleaved partial sums combined as a
+    tree, then the remainder in order (below 8 terms: in order). float32 stays float32, as in NumPy."""
     if n < 8:
-        res = a[0]
-        for i in range(1, n):
+        res = a[lo]
+        for i in range(lo + 1, lo + n):
             res += a[i]
         return res
-    r0, r1, r2, r3, r4, r5, r6, r7 = a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]
-    i = 8
-    while i < n - (n % 8):
+    r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
+    r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
+    i = lo + 8
+    while i < lo + n - (n % 8):
         r0 += a[i]
         r1 += a[i + 1]
         r2 += a[i + 2]
@@ -69,12 +80,49 @@ def _pairwise(a, n):
         r7 += a[i + 7]
         i += 8
     res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
-    while i < n:
+    while i < lo + n:
         res += a[i]
         i += 1
     return res
 
 
+@jit
+def _pairwise(a, n):
+    """NumPy's pairwise sum of ``a[:n]`` (``np.add.reduce``), n >= 1, in ``a``'s dtype.
+
+    Beyond 128 terms NumPy splits a run in two at a multiple of 8 near its middle and adds the two
+    sums, recursively; here that recursion runs on an explicit stack (numba cannot load a cached
+    recursive function). Frame states: 0 new, 1 waiting for its left half, 2 for its right half.
+    """
+    if n <= 128:
+        return _pairwise_block(a, 0, n)
+    los, ns, st = np.empty(64, dtype=np.int64), np.empty(64, dtype=np.int64), np.empty(64, dtype=np.int64)
+    left = a[:64].copy()  # the left sums of the open frames, in a's dtype
+    los[0], ns[0], st[0] = 0, n, 0
+    d = 0
+    res = a[0]
+    while True:
+        if st[d] == 0 and ns[d] <= 128:
+            res = _pairwise_block(a, los[d], ns[d])
+            d -= 1
+        elif st[d] == 2:
+            res = left[d] + res
+            d -= 1
+        else:
+            half = ns[d] // 2
+            half -= half % 8
+            if st[d] == 1:
+                left[d] = res
+            lo, size = (los[d], half) if st[d] == 0 else (los[d] + half, ns[d] - half)
+            st[d] += 1
+            d += 1
+            los[d], ns[d], st[d] = lo, size, 0
+            continue
+        if d < 0:
+            return res
+
+
+@jit
 def _decay_add(score, decay, acc):
     """``score *= decay; score += acc``: two passes, so each product is rounded before the add."""
     for e in range(score.shape[0]):
@@ -83,19 +131,37 @@ def _decay_add(score, decay, acc):
         score[e] = score[e] + acc[e]
 
 
-def _score_update_gated(ids, gates, cls, stab, sqrt_gate, score, decay, acc):
-    """OLED's priority update with gate weights (``OledPolicy._update``, gate power 0.5 or 1).
+@jit
+def _class_sum(flat, entry_cls, per_class, out):
+    """``bincount(flat, weights=per_class[entry_cls])`` into ``out``: sequential, in route order."""
+    out[:] = 0.0
+    for i in range(flat.shape[0]):
+        out[flat[i]] += per_class[entry_cls[i]]
 
-    Per row: g = gate ** power (float32), entry = g * (s_row / max(sum(g), 1e-12)); then
-    ``score = score * decay + bincount(ids, entry)``. ``acc`` is scratch of the experts' length.
+
+# ---------------------------------------------------------------------------------------------- OLED's update
+@jit
+def _score_update_gated(ids, gates, cls, stab, power, score, decay, acc):
+    """OLED's priority update with gate weights (its rule 3). ``acc`` is scratch of the experts' length.
+
+    Per row: g = gate ** power in float32 (``np.sqrt`` for 0.5, the gate itself for 1),
+    entry = g * (s_row / max(pairwise sum of g, 1e-12)) in float64; then
+    ``score = score * decay + (entries summed per expert in route order)``.
     """
     rows, k = ids.shape
     g = np.empty(k, dtype=np.float32)
+    p = np.float32(power)
     acc[:] = 0.0
     tiny = np.float32(1e-12)
     for r in range(rows):
         for j in range(k):
-            g[j] = np.sqrt(gates[r, j]) if sqrt_gate else gates[r, j]
+            x = gates[r, j]
+            if power == 0.5:
+                g[j] = np.sqrt(x)
+            elif power == 1.0:
+                g[j] = x
+            else:
+                g[j] = x ** p
         total = _pairwise(g, k)
         if total < tiny:
             total = tiny
@@ -105,8 +171,9 @@ def _score_update_gated(ids, gates, cls, stab, sqrt_gate, score, decay, acc):
     _decay_add(score, decay, acc)
 
 
+@jit
 def _score_update_flat(ids, entry_cls, stab, score, decay, acc):
-    """The update without gate weights: every route of a row counts ``s_row / k``."""
+    """The update without gate weights (none given, or gate power 0): every route counts ``s_row / k``."""
     rows, k = ids.shape
     acc[:] = 0.0
     i = 0
@@ -117,14 +184,30 @@ def _score_update_flat(ids, entry_cls, stab, score, decay, acc):
     _decay_add(score, decay, acc)
 
 
-def _measure(ids, prev_ids, prev_cls, prev_entry_cls, prev_counts, pow2, calib, calib_decay,
-             pseudo, min_stability, stab_out):
-    """OLED's calibration step (``OledPolicy._measure`` then ``stability``), in place.
+@jit
+def stability(pseudo, calib, min_stability, out):
+    """OLED's calibrated stability per class (rule 2): ``(prior * rows + kept) / (rows + measured)``,
+    clipped to ``[min_stability, 1]``; ``pseudo`` and ``calib`` are ``[2, classes]`` (numerators, denominators)."""
+    for c in range(out.shape[0]):
+        s = (pseudo[0, c] + calib[0, c]) / (pseudo[1, c] + calib[1, c])
+        if s < min_stability:
+            s = min_stability
+        if s > 1.0:
+            s = 1.0
+        out[c] = s
 
-    A previous route's matches are the current routes of its row with the same expert; their sum
-    per class (divided by k) is the class's kept fraction, added to the decayed calibration.
+
+@jit
+def _measure(ids, prev_ids, prev_cls, prev_entry_cls, prev_counts, calib, calib_decay):
+    """OLED's calibration step: route persistence from the previous forward of the block, in place.
+
+    A previous route's matches are the current routes of its row to the same expert; a row's kept
+    fraction is its matches / k, summed per class of the previous rows and added to the decayed
+    calibration with the class's row count. For k a power of two every fraction and partial sum is
+    exact, so matches are summed per class first and divided once; otherwise per row.
     """
     rows, k = ids.shape
+    pow2 = k & (k - 1) == 0
     n_cls = calib.shape[1]
     kept = np.zeros(n_cls)
     i = 0
@@ -152,37 +235,31 @@ def _measure(ids, prev_ids, prev_cls, prev_entry_cls, prev_counts, pow2, calib, 
     for c in range(n_cls):
         calib[0, c] = calib[0, c] + kept[c]
         calib[1, c] = calib[1, c] + prev_counts[c]
-    for c in range(n_cls):
-        s = (pseudo[0, c] + calib[0, c]) / (pseudo[1, c] + calib[1, c])
-        if s < min_stability:
-            s = min_stability
-        if s > 1.0:
-            s = 1.0
-        stab_out[c] = s
 
 
-def _oled_update(ids, gates, gate_mode, cls, entry_cls, prev_ids, prev_cls, prev_entry_cls, prev_counts,
-                 measure_it, keep, calib, calib_decay, pseudo, min_stability, stab, score, decay, acc):
-    """One OLED access in one call: calibrate from the previous forward (``measure_it``), keep
-    this access's ids in ``keep`` for the next one, then the score update (``gate_mode``: 0 no
-    gates, 1 sqrt of the gates, 2 the gates)."""
-    rows, k = ids.shape
+@jit
+def oled_update(ids, gates, power, cls, entry_cls, prev_ids, prev_cls, prev_entry_cls, prev_counts, measure_it,
+                keep, calib, calib_decay, pseudo, min_stability, stab, score, decay, acc):
+    """One OLED access in one call (``OledPolicy._update``): calibrate from the previous forward
+    (``measure_it``) and refresh ``stab``, keep this access's ids in ``keep`` for the next one, then
+    the score update (``power`` 0: no gate weights)."""
     if measure_it:
-        measure(ids, prev_ids, prev_cls, prev_entry_cls, prev_counts, k & (k - 1) == 0, calib, calib_decay,
-                pseudo, min_stability, stab)
+        _measure(ids, prev_ids, prev_cls, prev_entry_cls, prev_counts, calib, calib_decay)
+        stability(pseudo, calib, min_stability, stab)
     keep[:, :] = ids
-    if gate_mode == 0:
-        score_update_flat(ids, entry_cls, stab, score, decay, acc)
+    if power == 0.0:
+        _score_update_flat(ids, entry_cls, stab, score, decay, acc)
     else:
-        score_update_gated(ids, gates, cls, stab, gate_mode == 1, score, decay, acc)
+        _score_update_gated(ids, gates, cls, stab, power, score, decay, acc)
 
 
-def _classify(masked, confidence, committed, edited, has_edited, threshold, n_bins, codes, cls, counts):
-    """``OledPolicy.classify`` per row, and the class counts (``np.bincount``) in the same pass.
+@jit
+def classify(masked, confidence, committed, edited, has_edited, threshold, n_bins, codes, cls, counts):
+    """OLED's stability class per row (its rule 1) and the class counts, in one pass.
 
-    ``codes`` = (DECODED, COMMITTED, CONFIDENT, UNSURE, EDITED). An unsure row's bin is
-    ``int(conf / threshold * n_bins)`` clipped to ``[0, n_bins - 1]``: NumPy's float64 arithmetic
-    and truncating cast, element by element.
+    ``codes`` = (DECODED, COMMITTED, CONFIDENT, UNSURE, EDITED). Edited wins, then committed, then
+    decoded (not masked); a masked row is confident at ``confidence >= threshold``, else unsure in
+    bin ``int(conf / threshold * n_bins)`` (truncated) clipped to ``[0, n_bins - 1]``.
     """
     counts[:] = 0
     for i in range(cls.shape[0]):
@@ -201,19 +278,62 @@ def _classify(masked, confidence, committed, edited, has_edited, threshold, n_bi
         counts[c] += 1
 
 
-def _class_sum(flat, entry_cls, per_class, out):
-    """``bincount(flat, weights=per_class[entry_cls])`` into ``out`` (OLED's log-miss per expert)."""
-    out[:] = 0.0
-    for i in range(flat.shape[0]):
-        out[flat[i]] += per_class[entry_cls[i]]
+# ---------------------------------------------------------------------------------------------- reuse
+@jit
+def _geometric(p):
+    """Expected run of further uses of an expert used with probability ``p``: ``p / (1 - p)``, capped."""
+    d = 1.0 - p
+    r = p / (d if d > 1e-9 else 1e-9)
+    return r if r < MAX_REUSE else MAX_REUSE
 
 
-def _lowest_idle(resident, counts, prio, n):
+@jit
+def geometric_reuse(u):
+    """``_geometric`` of each use probability in ``u`` (the base policy's reuse), a new array."""
+    out = np.empty(u.shape[0])
+    for i in range(u.shape[0]):
+        out[i] = _geometric(u[i])
+    return out
+
+
+@jit
+def _log_miss(mode, flat, entry_cls, stab, num_experts):
+    """OLED's per-expert sum of log(1 - s_row) over its routes, s capped at 0.99 (mode 2); empty otherwise."""
+    if mode != 2:
+        return np.empty(0)
+    per_class = np.empty(stab.shape[0])
+    for c in range(stab.shape[0]):
+        s = stab[c]
+        per_class[c] = math.log1p(-(s if s < 0.99 else 0.99))
+    out = np.empty(num_experts)
+    _class_sum(flat, entry_cls, per_class, out)
+    return out
+
+
+@jit
+def _reuse_at(e, mode, reuse_row, log_miss):
+    """Predicted reuse of expert ``e``: the policy's row (mode 1), or OLED's rule 4 from its log-miss:
+    ``p = 1 - prod over routes (1 - s_row)``, the chance it is requested next iteration, then ``_geometric``."""
+    if mode == 1:
+        return reuse_row[e]
+    return _geometric(-math.expm1(log_miss[e]))
+
+
+@jit
+def oled_reuse(flat, entry_cls, stab, num_experts, experts, out):
+    """OLED's predicted reuse (rule 4) of ``experts`` into ``out``, from one access's routes and stability."""
+    log_miss = _log_miss(2, flat, entry_cls, stab, num_experts)
+    for i in range(experts.shape[0]):
+        out[i] = _reuse_at(experts[i], 2, log_miss, log_miss)
+
+
+# ---------------------------------------------------------------------------------------------- the planner
+@jit
+def lowest_idle(resident, counts, prio, n):
     """The ``n`` lowest-priority resident experts not requested now (``counts == 0``), ties by id.
 
-    The planner's eviction order: ``cand[argsort(prio[cand], kind="stable")][:n]`` with ``cand``
-    the resident idle experts in id order, kept as a sorted buffer of ``n`` (a strict comparison
-    keeps the lower id first among equal priorities, as the stable sort does).
+    Kept as a sorted buffer of ``n`` while scanning the experts in id order (a strict comparison
+    keeps the lower id first among equal priorities: a stable order).
     """
     out = np.empty(max(n, 0), dtype=np.int64)
     keys = np.empty(max(n, 0))
@@ -237,10 +357,17 @@ def _lowest_idle(resident, counts, prio, n):
     return out[:size]
 
 
+@jit
 def _split_misses(tokens, reuse, admitted, room, g0, copy_t, ov, cf, cs, gf, gs, take):
-    """``Dispatcher._split_small`` (the copy-vs-CPU rule), operation for operation; fills ``take``.
+    """The dispatcher's copy-vs-CPU rule (``oled_hf.offload.dispatch``, steps 1-3); fills ``take``.
 
-    Returns False (``take`` untouched) where a key is NaN, which the caller hands to NumPy.
+    Per miss of ``n`` tokens: CPU time ``max(cf, n * cs)``, GPU time ``gf + n * gs``, ``r1 = 1 +
+    max(reuse, 0)`` (a NaN reuse counts as 0). Admitted misses rank by ``cpu * r1 / (gpu + copy_t)``,
+    descending, stable (a NaN key ranks last); the copied prefix minimises ``max(C, G)``: ``C`` the
+    CPU batch left (``ov`` once, plus the pairwise sum of all CPU times, minus the running sum of the
+    copied ones; 0 when all are copied), ``G`` = ``g0`` plus, per copy, ``gpu + copy_t / r1`` (plain
+    ``copy_t`` beyond ``room``). Ties go to the longer prefix; no copy if the best span exceeds
+    ``max(c0, g0)``.
     """
     m = tokens.shape[0]
     cpu = np.empty(m)
@@ -250,20 +377,20 @@ def _split_misses(tokens, reuse, admitted, room, g0, copy_t, ov, cf, cs, gf, gs,
     for i in range(m):
         n = np.float64(tokens[i])
         c = n * cs
-        cpu[i] = c if c > cf else cf  # the batch overhead ``ov``: once, in c0
+        cpu[i] = c if c > cf else cf
         gpu[i] = gf + n * gs
         r = reuse[i]
-        r1[i] = 1.0 + (0.0 if 0.0 > r else r)
+        r1[i] = 1.0 + (r if r > 0.0 else 0.0)
         neg_key[i] = -(cpu[i] * r1[i] / (gpu[i] + copy_t))
         if np.isnan(neg_key[i]):
-            return False
+            neg_key[i] = np.inf
     take[:] = False
     n_cand = 0
     for i in range(m):
         if admitted[i]:
             n_cand += 1
     if n_cand == 0:
-        return True
+        return
     cand = np.empty(n_cand, dtype=np.int64)
     keys = np.empty(n_cand)
     n_cand = 0
@@ -280,7 +407,7 @@ def _split_misses(tokens, reuse, admitted, room, g0, copy_t, ov, cf, cs, gf, gs,
     else:
         c0 = ov + _pairwise(cpu, m)
     best, best_span = 0, np.inf
-    g_run = -0.0
+    g_run = -0.0  # -0.0 + x == x: the first running sum is exactly its first term
     c_run = -0.0
     for j in range(n_cand):
         i = order[j]
@@ -295,15 +422,16 @@ def _split_misses(tokens, reuse, admitted, room, g0, copy_t, ov, cf, cs, gf, gs,
         best = 0
     for j in range(best):
         take[order[j]] = True
-    return True
 
 
-def _apply_copies(flags, new, evicted, slots, slot_expert):
-    """``CacheState._apply_copies``: residency after one access's copies (in order), streamed or not.
+@jit
+def apply_copies(flags, new, evicted, slots, slot_expert):
+    """Residency after one access's copies (``new`` into ``slots``, in order), evicting ``evicted``.
 
     ``flags`` is the layer's ``[2, E]`` (resident, copied-and-not-hit-since). An evicted expert is
-    dead on arrival if it was copied and never hit since, earlier or in this access (a copy that
-    a later copy streamed through). Returns how many were.
+    dead on arrival if it was copied and never hit since, earlier or in this access (a copy that a
+    later copy streamed through); a slot taken several times ends with its last expert. Returns
+    how many were dead on arrival.
     """
     doa = 0
     for e in evicted:
@@ -324,45 +452,23 @@ def _apply_copies(flags, new, evicted, slots, slot_expert):
     return doa
 
 
-def _reuse_at(e, mode, reuse_row, log_miss):
-    """Predicted reuse of expert ``e``: the policy's row (mode 1) or OLED's rule 4 from its log-miss."""
-    if mode == 1:
-        return reuse_row[e]
-    p = -math.expm1(log_miss[e])  # OLED's _reuse_from, element-wise
-    d = 1.0 - p
-    r = p / (d if d > 1e-9 else 1e-9)
-    return r if r < MAX_REUSE else MAX_REUSE
+@jit
+def plan_access(layer, counts, flags_all, tables, free_n, slot_expert, prio, adm, use_adm, reuse_mode, reuse_row,
+                flat, entry_cls, stab, capacity, total_tokens, cpu_enabled, bg_copies, bg_min_reuse, costs, out):
+    """One access of ``CacheState.plan``, in place over the state arrays (the module rules of ``planner``).
 
-
-def _log_miss(mode, flat, entry_cls, stab, num_experts):
-    """OLED's per-expert sum of log(1 - s_row) over its routes (mode 2); empty otherwise."""
-    if mode != 2:
-        return np.empty(0)
-    per_class = np.empty(stab.shape[0])
-    for c in range(stab.shape[0]):
-        s = stab[c]
-        per_class[c] = math.log1p(-(s if s < 0.99 else 0.99))
-    out = np.empty(num_experts)
-    _class_sum(flat, entry_cls, per_class, out)
-    return out
-
-
-def _plan_access(layer, counts, flags_all, tables, free_n, slot_expert, prio, adm, use_adm, reuse_mode, reuse_row,
-                 flat, entry_cls, stab, capacity, total_tokens, cpu_enabled, bg_copies, bg_min_reuse, costs, out):
-    """``CacheState.plan`` for one access in one call, over the state arrays; returns 0, or 1 untouched.
-
-    Same rules and floats as the Python path: hits and misses in id order, the dispatcher's split
-    (``_split_misses``; up to ``MAX_ROW`` misses), copies in ascending priority into free slots
-    (popped from the top of the layer's stack), then the lowest-priority idle residents, then
-    the access's computed experts (a request over the capacity streams through their slots), then
-    rule 4's reuse copies. Returns 1 before changing anything where the Python path must plan the
-    access instead: a NaN key, more than ``MAX_ROW`` misses to split or a zero copy time. ``out``
-    rows: hits, their slots, copied experts, their slots, their victims (-1 none), CPU experts,
-    reuse copies, their slots, their victims, then (row 9) the counts: hits, misses, copies, CPU
-    experts, CPU tokens, reuse copies, copies into free slots, reuse copies into free slots, dead
-    on arrival, whether a copy streamed through a slot of this access. ``tables`` is ``[slot of
-    each expert, free-slot stack]`` per layer; ``costs`` the dispatcher's constants
-    (``Dispatcher.kernel_costs``). Few arguments: each costs ~0.15 us to pass.
+    Hits and misses in id order; the dispatcher's split (``_split_misses``, with the policy's
+    reuse unless rule 4's reuse copies serve it off the critical path); copies in ascending
+    priority (ties by id) into free slots (popped from the top of the layer's stack), then the
+    lowest-priority idle residents, then the access's computed experts (a request over the capacity
+    streams through their slots); then rule 4's reuse copies. ``out`` rows: hits, their slots,
+    copied experts, their slots, their victims (-1 none), CPU experts, reuse copies, their slots,
+    their victims, then (row 9) the counts: hits, misses, copies, CPU experts, CPU tokens, reuse
+    copies, copies into free slots, reuse copies into free slots, dead on arrival, whether a copy
+    streamed through a slot of this access. ``tables`` is ``[slot of each expert, free-slot stack]``
+    per layer; ``costs`` the dispatcher's constants (``Dispatcher.kernel_costs``); ``reuse_mode``
+    1: ``reuse_row`` is the policy's reuse, 2: OLED's rule from ``flat``, ``entry_cls``, ``stab``.
+    Few arguments: each costs ~0.15 us to pass.
     """
     flags = flags_all[layer]
     slot_of = tables[0, layer]
@@ -397,16 +503,13 @@ def _plan_access(layer, counts, flags_all, tables, free_n, slot_expert, prio, ad
         if n_adm == 0:
             take[:] = False
         else:
-            if nm > MAX_ROW or not copy_t > 0.0:
-                return 1
             reuse = np.zeros(nm)
             if not bg_copies:
                 log_miss = _log_miss(reuse_mode, flat, entry_cls, stab, E)
                 for i in range(nm):
                     reuse[i] = _reuse_at(misses[i], reuse_mode, reuse_row, log_miss)
             g0 = gf * nh + gs * np.float64(total_tokens - miss_sum)
-            if not _split_misses(tokens, reuse, admitted, capacity - nh, g0, copy_t, ov, cf, cs, gf, gs, take):
-                return 1
+            _split_misses(tokens, reuse, admitted, capacity - nh, g0, copy_t, ov, cf, cs, gf, gs, take)
     nc = 0
     for i in range(nm):
         if take[i]:
@@ -430,7 +533,7 @@ def _plan_access(layer, counts, flags_all, tables, free_n, slot_expert, prio, ad
     need = nc - n_free
     victims = np.empty(0, dtype=np.int64)
     if need > 0:
-        victims = _lowest_idle(flags[0], counts, prio, need)
+        victims = lowest_idle(flags[0], counts, prio, need)
     # ---- from here on the state changes
     for i in range(nh):
         flags[1, out[0, i]] = False
@@ -468,7 +571,7 @@ def _plan_access(layer, counts, flags_all, tables, free_n, slot_expert, prio, ad
         if computed.shape[0]:
             computed[nh + i] = copies[i]
     free_n[layer] = n_free - nf
-    doa = _apply_copies(flags, copies, evicted, slots, slot_expert)
+    doa = apply_copies(flags, copies, evicted, slots, slot_expert)
     nbg = 0
     nbg_free = 0
     if ncpu and bg_copies:
@@ -487,7 +590,7 @@ def _plan_access(layer, counts, flags_all, tables, free_n, slot_expert, prio, ad
         n_free = free_n[layer]
         bg_victims = np.empty(0, dtype=np.int64)
         if cand.shape[0] > n_free:
-            bg_victims = _lowest_idle(flags[0], counts, prio, cand.shape[0] - n_free)
+            bg_victims = lowest_idle(flags[0], counts, prio, cand.shape[0] - n_free)
         vi = 0
         for e in cand:
             if n_free:
@@ -509,7 +612,7 @@ def _plan_access(layer, counts, flags_all, tables, free_n, slot_expert, prio, ad
             nbg += 1
         free_n[layer] = n_free
         if nbg:
-            doa += _apply_copies(flags, out[6, :nbg].copy(), bg_victims[:vi], out[7, :nbg].copy(), slot_expert)
+            doa += apply_copies(flags, out[6, :nbg].copy(), bg_victims[:vi], out[7, :nbg].copy(), slot_expert)
     info = out[9]
     info[0] = nh
     info[1] = nm
@@ -521,63 +624,42 @@ def _plan_access(layer, counts, flags_all, tables, free_n, slot_expert, prio, ad
     info[7] = nbg_free
     info[8] = doa
     info[9] = computed.shape[0] > 0  # a copy streamed through a slot of this access
-    return 0
 
 
-if ENABLED:  # compiled first: the kernels below call them
-    _pairwise = numba.njit(cache=True, nogil=True)(_pairwise)
-    _decay_add = numba.njit(cache=True, nogil=True)(_decay_add)
-    _class_sum = numba.njit(cache=True, nogil=True)(_class_sum)
-    _lowest_idle = numba.njit(cache=True, nogil=True)(_lowest_idle)
-    _split_misses = numba.njit(cache=True, nogil=True)(_split_misses)
-    _apply_copies = numba.njit(cache=True, nogil=True)(_apply_copies)
-    _reuse_at = numba.njit(cache=True, nogil=True)(_reuse_at)
-    _log_miss = numba.njit(cache=True, nogil=True)(_log_miss)
-score_update_gated = jit(_score_update_gated)
-score_update_flat = jit(_score_update_flat)
-measure = jit(_measure)
-oled_update = jit(_oled_update)
-classify = jit(_classify)
-class_sum = _class_sum if ENABLED else None
-lowest_idle = _lowest_idle if ENABLED else None
-split_misses = _split_misses if ENABLED else None
-plan_access = jit(_plan_access)
+
 
 _warm = False
 
 
 def warm_up() -> None:
-    """Compile (or load from numba's cache) every kernel once, on tiny inputs.
+    """Compile (or load from numba's cache) every kernel once, on tiny inputs of the types used live.
 
-    Called when a policy that uses them is built, so the first forward of a live run does not
-    pay the ~1-3 s of compilation (0.1-1 s to load it from the on-disk cache).
+    Called when a planner or an OLED policy is built, so the first forward of a live run does not
+    pay the ~1-3 s of compilation (0.1-1 s to load it from the on-disk cache). Nothing to do where
+    the kernels run as Python.
     """
     global _warm
-    if _warm or not ENABLED:
+    if _warm or not COMPILED:
         return
-    ids = np.zeros((1, 2), dtype=np.int64)
-    cls = np.zeros(1, dtype=np.intp)
-    stab = np.ones(10)
-    score, acc = np.zeros(2), np.zeros(2)
-    score_update_gated(ids, np.ones((1, 2), dtype=np.float32), cls, stab, True, score, 0.5, acc)
-    score_update_flat(ids, np.zeros(2, dtype=np.intp), stab, score, 0.5, acc)
-    measure(ids, ids, cls, np.zeros(2, dtype=np.intp), np.zeros(10, dtype=np.int64), True,
-            np.zeros((2, 10)), 0.98, np.ones((2, 10)), 0.05, np.empty(10))
+    i64, ip = np.int64, np.intp
+    ids, cls, stab = np.zeros((1, 2), dtype=i64), np.zeros(1, dtype=ip), np.ones(10)
+    for power in (0.0, 0.5):
+        oled_update(ids, np.ones((1, 2), dtype=np.float32), power, cls, np.zeros(2, dtype=ip), ids, cls,
+                    np.zeros(2, dtype=ip), np.zeros(10, dtype=i64), True, ids.copy(), np.zeros((2, 10)), 0.98,
+                    np.ones((2, 10)), 0.05, np.empty(10), np.zeros(2), 0.5, np.zeros(2))
+    stability(np.ones((2, 10)), np.zeros((2, 10)), 0.05, np.empty(10))
     no = np.zeros(1, dtype=bool)
-    classify(no, np.zeros(1), no, no, False, 0.9, 4, np.arange(5, dtype=np.intp), np.empty(1, dtype=np.intp),
-             np.zeros(10, dtype=np.int64))
-    for gate_mode in (0, 1):
-        oled_update(ids, np.ones((1, 2), dtype=np.float32), gate_mode, cls, np.zeros(2, dtype=np.intp), ids, cls,
-                    np.zeros(2, dtype=np.intp), np.zeros(10, dtype=np.int64), True, ids.copy(), np.zeros((2, 10)),
-                    0.98, np.ones((2, 10)), 0.05, np.empty(10), score, 0.5, acc)
-    class_sum(ids.reshape(-1), np.zeros(2, dtype=np.intp), stab, np.empty(2))
-    lowest_idle(np.ones(2, dtype=bool), np.zeros(2, dtype=np.int64), np.zeros(2), 1)
-    split_misses(np.ones(2, dtype=np.int64), np.zeros(2), np.ones(2, dtype=bool), 1, 0.0, 1.0,
-                 0.0, 1.0, 1.0, 1.0, 1.0, np.zeros(2, dtype=bool))
+    classify(no, np.zeros(1), no, no, False, 0.9, 4, np.arange(5, dtype=ip), np.empty(1, dtype=ip),
+             np.zeros(10, dtype=i64))
+    oled_reuse(ids.reshape(-1), np.zeros(2, dtype=ip), stab, 2, np.arange(2, dtype=i64), np.empty(2))
+    geometric_reuse(np.zeros(2))
+    flags = np.zeros((1, 2, 2), dtype=bool)
+    lowest_idle(np.ones(2, dtype=bool), np.zeros(2, dtype=i64), np.zeros(2), 1)
+    apply_copies(flags[0], np.zeros(1, dtype=i64), np.zeros(0, dtype=i64), np.zeros(1, dtype=i64), np.full(1, -1))
     for mode in (1, 2):  # one access of a 1-layer, 2-expert, 1-slot cache: a copy and a CPU miss
-        tables = np.stack((np.full((1, 2), -1), np.zeros((1, 2), dtype=np.int64)))
-        plan_access(0, np.ones(2, dtype=np.int64), np.zeros((1, 2, 2), dtype=bool), tables, np.ones(1, dtype=np.int64),
+        tables = np.stack((np.full((1, 2), -1), np.zeros((1, 2), dtype=i64)))
+        plan_access(0, np.ones(2, dtype=i64), np.zeros((1, 2, 2), dtype=bool), tables, np.ones(1, dtype=i64),
                     np.full(1, -1), np.zeros(2), np.ones(2, dtype=bool), False, mode, np.ones(2), ids.reshape(-1),
-                    np.zeros(2, dtype=np.intp), stab, 1, 2, True, 1, 1.0, np.array([1.0, 0.0, 1.0, 1.0, 1.0, 1.0]),
-                    np.zeros((10, 10), dtype=np.int64))
+                    np.zeros(2, dtype=ip), stab, 1, 2, True, 1, 1.0, np.array([1.0, 0.0, 1.0, 1.0, 1.0, 1.0]),
+                    np.zeros((10, 10), dtype=i64))
     _warm = True

@@ -19,11 +19,14 @@ the CPU result serves this access, the copy serves the next one. Each takes a fr
 evicts the lowest-priority resident expert not requested now, and only one of lower priority than
 itself; the first candidate that finds no such slot ends the rule. The copy engine is otherwise
 idle while the CPU computes the misses, so these copies cost bandwidth and slots, not latency.
+
+The rules are written once, in ``kernels.plan_access`` (compiled by numba, or the same function
+run as Python, ``oled_hf.offload.kernels``); this module holds the state arrays it works on and the
+bookkeeping outside an access (prefetch admission, rebalancing, reconciliation).
 """
 
 from __future__ import annotations
 
-import heapq
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -37,6 +40,12 @@ from .policies.base import CachePolicy, as_numpy
 from .stats import CacheStats
 
 _NO_REUSE = (1, _NO_F, _NO_I, _NO_I, _NO_F)  # reuse_inputs where no miss goes to the CPU
+
+
+def _float64(prio: np.ndarray) -> np.ndarray:
+    """A policy's priorities as float64 (exact for the integer clocks and counts policies rank by)."""
+    return prio if prio.dtype == np.float64 else prio.astype(np.float64)
+
 
 class SlotMove(NamedTuple):
     """A slot handed from one layer to another by :meth:`CacheState.set_capacities`."""
@@ -62,8 +71,7 @@ class CacheState:
     """Residency of every MoE layer's experts in one global pool of ``sum(capacities)`` slots.
 
     State is arrays (per layer and expert: its slot or -1; per layer: a stack of free slots), so
-    that one compiled call (``kernels.plan_access``) can plan an access in place; the Python code
-    below is the reference it is tested against and the path for what it hands back.
+    that one call of ``kernels.plan_access`` plans an access in place.
     """
 
     def __init__(self, num_layers: int, num_experts: int, capacities: list[int], expert_bytes: int = 0) -> None:
@@ -147,30 +155,26 @@ class CacheState:
         ids = as_numpy(topk_ids)
         if counts is None:
             counts = np.bincount(ids.reshape(-1), minlength=self.num_experts)
-        if kernels.ENABLED:
-            plan = self._plan_compiled(layer, ids.size, counts, policy, dispatcher)
-            if plan is not None:
-                return plan
-        req = counts.nonzero()[0]
-        hit_mask = self._resident[layer][req]
-        hits = req[hit_mask]
-        misses = req[~hit_mask]
-        hits_l = hits.tolist()
-        n_hits = len(hits_l)
         total_tokens = ids.size  # = counts.sum(): each route is one token of one expert
-        copies_e, cpu_l, cpu_tokens = misses, [], 0
-        if misses.size and dispatcher.cpu_enabled:
-            copies_e, cpu_l, cpu_tokens = self._split_misses(
-                layer, misses, counts, n_hits, total_tokens, policy, dispatcher
-            )
-        plan_slots = dict(zip(hits_l, self._slot[layer, hits].tolist()))
-        if n_hits:
-            self._unhit[layer][hits] = False
-        copies = self._place(layer, copies_e, counts, hits_l, policy, plan_slots) if copies_e.size else []
-        background = self._background(layer, cpu_l, counts, policy, dispatcher) if cpu_l and dispatcher.reuse_copies \
-            else []
-        self._count(layer, n_hits, int(misses.size), len(copies), len(cpu_l), cpu_tokens, total_tokens)
-        return LayerPlan(hits_l, copies, cpu_l, plan_slots, layer, counts, background)
+        prio = _float64(policy.priority_array(layer))
+        adm = policy.admission(layer)
+        cpu = dispatcher.cpu_enabled
+        mode, row, flat, entry_cls, stab = policy.reuse_inputs(layer) if cpu else _NO_REUSE
+        out = self._out
+        kernels.plan_access(
+            layer, counts, self._flags, self._tables, self._free_n, self.slot_expert, prio,
+            self._all_admitted if adm is None else adm, adm is not None, mode, row, flat, entry_cls, stab,
+            self.capacities[layer], total_tokens, cpu, dispatcher.reuse_copies, dispatcher.reuse_min,
+            dispatcher.kernel_costs(), out,
+        )
+        nh, nm, nc, ncpu, cpu_tokens, nbg, nfree, nbg_free, doa, streamed = out[9, :10].tolist()
+        evicted = nc - nfree + nbg - nbg_free
+        if evicted:
+            self.stats.evictions[layer] += evicted
+            self.stats.dead_on_arrival[layer] += doa
+        self._count(layer, nh, nm, nc + nbg, ncpu, cpu_tokens, total_tokens)
+        return LayerPlan.from_arrays(layer, counts, out[:9, : max(nh, nc, ncpu, nbg)].copy(),
+                                     [nh, nc, ncpu, nbg, nfree, nbg_free, streamed])
 
     def _count(self, layer: int, hits: int, misses: int, copies: int, cpu: int, cpu_tokens: int, tokens: int) -> None:
         st = self.stats
@@ -183,205 +187,14 @@ class CacheState:
         st.cpu_expert_tokens[layer] += cpu_tokens
         st.gpu_expert_tokens[layer] += tokens - cpu_tokens  # every routed token runs somewhere
 
-    def _plan_compiled(
-        self, layer: int, total_tokens: int, counts: np.ndarray, policy: CachePolicy, dispatcher: Dispatcher
-    ) -> LayerPlan | None:
-        """:meth:`plan` as one ``kernels.plan_access`` call (same decisions); None: not handled, nothing changed."""
-        prio = policy.priority_array(layer)
-        if prio.dtype != np.float64:  # exact for the integer clocks and counts policies rank by
-            prio = prio.astype(np.float64)
-        adm = policy.admission(layer)
-        cpu = dispatcher.cpu_compute != "off"
-        mode, row, flat, entry_cls, stab = policy.reuse_inputs(layer) if cpu else _NO_REUSE
-        out = self._out
-        if kernels.plan_access(
-            layer, counts, self._flags, self._tables, self._free_n, self.slot_expert, prio,
-            self._all_admitted if adm is None else adm, adm is not None, mode, row, flat, entry_cls, stab,
-            self.capacities[layer], total_tokens, cpu, dispatcher.reuse_copies, dispatcher.reuse_min,
-            dispatcher.kernel_costs(), out,
-        ):
-            return None
-        nh, nm, nc, ncpu, cpu_tokens, nbg, nfree, nbg_free, doa, streamed = out[9, :10].tolist()
-        evicted = nc - nfree + nbg - nbg_free
+    def _copied(self, layer: int, new: list[int], slots: list[int], evicted: list[int]) -> None:
+        """Residency and counters after copies outside an access (``kernels.apply_copies``: the same rule)."""
+        doa = kernels.apply_copies(self._flags[layer], np.array(new, dtype=np.int64), np.array(evicted, dtype=np.int64),
+                                   np.array(slots, dtype=np.int64), self.slot_expert)
+        st = self.stats
+        st.copies[layer] += len(new)
+        st.bytes_copied[layer] += len(new) * self.expert_bytes
         if evicted:
-            self.stats.evictions[layer] += evicted
-            self.stats.dead_on_arrival[layer] += doa
-        self._count(layer, nh, nm, nc + nbg, ncpu, cpu_tokens, total_tokens)
-        return LayerPlan.from_arrays(layer, counts, out[:9, : max(nh, nc, ncpu, nbg)].copy(),
-                                     [nh, nc, ncpu, nbg, nfree, nbg_free, streamed])
-
-    def _background(
-        self, layer: int, cpu_l: list[int], counts: np.ndarray, policy: CachePolicy, dispatcher: Dispatcher
-    ) -> list[tuple[int, int, int | None]]:
-        """Rule 4: reuse copies of CPU-computed misses; applied to residency and stats here."""
-        reuse = policy.reuse_of(layer, np.asarray(cpu_l, dtype=np.int64)).tolist()
-        floor = dispatcher.reuse_min
-        ranked = [(e, r) for e, r in zip(cpu_l, reuse) if r >= floor]
-        if not ranked:
-            return []
-        ranked.sort(key=lambda er: -er[1])  # stable: ties keep miss order (as argsort(-reuse, kind="stable"))
-        cand = [e for e, _ in ranked[: dispatcher.reuse_copies]]
-        prio = policy.priority_array(layer)
-        n_free = int(self._free_n[layer])
-        victims: list[int] = []
-        if len(cand) > n_free:
-            victims = self._lowest_idle(layer, counts, prio, len(cand) - n_free)
-        copies: list[tuple[int, int, int | None]] = []
-        evicted_all: list[int] = []
-        vi = 0
-        for e in cand:
-            evicted: int | None = None
-            if self._free_n[layer]:
-                slot = self._pop_free(layer, 1)[0]
-            elif vi < len(victims) and prio[victims[vi]] < prio[e]:
-                evicted = victims[vi]
-                vi += 1
-                slot = self._release(layer, [evicted])[0]
-                evicted_all.append(evicted)
-            else:
-                break
-            self._slot[layer, e] = slot
-            copies.append((e, slot, evicted))
-        if copies:
-            self._apply_copies(layer, [c[0] for c in copies], copies, evicted_all, streamed=False)
-            st = self.stats
-            st.copies[layer] += len(copies)
-            st.bytes_copied[layer] += len(copies) * self.expert_bytes
-        return copies
-
-    def _split_misses(
-        self,
-        layer: int,
-        misses: np.ndarray,
-        counts: np.ndarray,
-        n_hits: int,
-        total_tokens: int,
-        policy: CachePolicy,
-        dispatcher: Dispatcher,
-    ) -> tuple[np.ndarray, list[int], int]:
-        """Misses to copy, misses to compute on the CPU and the CPU's tokens (the dispatcher's rule).
-
-        When the policy admits none of the misses the rule sends them all to the CPU; that case
-        skips ranking them (and the policy's reuse prediction).
-        """
-        miss_tokens = counts[misses]
-        tokens, experts = miss_tokens.tolist(), misses.tolist()
-        adm = policy.admission(layer)
-        admitted = None if adm is None else adm[misses]
-        if admitted is not None and not np.count_nonzero(admitted):
-            return misses[:0], experts, sum(tokens)
-        # with reuse copies (rule 4) a miss's reuse is served off the critical path: split for this access alone
-        reuse = policy.reuse_of(layer, misses) if not dispatcher.reuse_copies else np.zeros(misses.size)
-        take = dispatcher.choose(
-            miss_tokens,
-            reuse,
-            admitted,
-            self.capacities[layer] - n_hits,
-            n_hits,
-            float(total_tokens - sum(tokens)),
-        )
-        if all(take):
-            return misses, [], 0
-        cpu = [e for e, t in zip(experts, take) if not t]
-        return misses[take], cpu, sum(n for n, t in zip(tokens, take) if not t)
-
-    def _place(
-        self,
-        layer: int,
-        copies_e: np.ndarray,
-        counts: np.ndarray,
-        hits: list[int],
-        policy: CachePolicy,
-        plan_slots: dict[int, int],
-    ) -> list[tuple[int, int, int | None]]:
-        """Assign slots to the copies (ascending priority) and evict as the module rules say.
-
-        Without streaming (the request fits the layer) this is array operations over all copies at
-        once; only a request larger than the capacity takes the per-copy loop, which keeps a heap
-        of the access's computed experts to stream through their slots.
-        """
-        prio = policy.priority_array(layer)
-        order = copies_e[np.argsort(prio[copies_e], kind="stable")].tolist()  # ids ascending: ties by id
-        n_free = int(self._free_n[layer])
-        victims: list[int] = []
-        need = len(order) - n_free
-        if need > 0:
-            victims = self._lowest_idle(layer, counts, prio, need)
-        if need <= len(victims):  # the usual case: free slots, then victims; no slot reused
-            nf = len(order) - max(need, 0)
-            evicted_all = victims[:max(need, 0)]
-            slots = self._pop_free(layer, nf) + self._release(layer, evicted_all)
-            self._slot[layer, order] = slots
-            plan_slots.update(zip(order, slots))
-            copies = list(zip(order, slots, [None] * nf + evicted_all))
-            self._apply_copies(layer, order, copies, evicted_all, streamed=False)
-            return copies
-        computed: list[tuple[float, int]] | None = None
-        pl: list[float] = []
-        copies = []
-        evicted_all = []
-        vi = 0
-        for e in order:
-            evicted: int | None = None
-            if self._free_n[layer]:
-                slot = self._pop_free(layer, 1)[0]
-            else:
-                if vi < len(victims):
-                    evicted = victims[vi]
-                    vi += 1
-                else:  # request exceeds capacity: stream through a computed expert's slot
-                    if computed is None:
-                        pl = prio.tolist()
-                        computed = [(pl[x], x) for x in hits] + [(pl[x], x) for x, _, _ in copies]
-                        heapq.heapify(computed)
-                    evicted = heapq.heappop(computed)[1]
-                slot = self._release(layer, [evicted])[0]
-                evicted_all.append(evicted)
-            self._slot[layer, e] = slot
-            plan_slots[e] = slot
-            copies.append((e, slot, evicted))
-            if computed is not None:
-                heapq.heappush(computed, (pl[e], e))
-        self._apply_copies(layer, order, copies, evicted_all, streamed=computed is not None)
-        return copies
-
-    def _lowest_idle(self, layer: int, counts: np.ndarray, prio: np.ndarray, n: int) -> list[int]:
-        """Eviction order: the ``n`` lowest-priority resident experts this access does not request, ties by id."""
-        cand = (self._resident[layer] & (counts == 0)).nonzero()[0]
-        return cand[np.argsort(prio[cand], kind="stable")][:n].tolist()
-
-    def _apply_copies(
-        self,
-        layer: int,
-        new: list[int],
-        copies: list[tuple[int, int, int | None]],
-        evicted: list[int],
-        streamed: bool,
-    ) -> None:
-        """Residency flags, slot owners and eviction counters after one access's copies, in bulk.
-
-        Equivalent to updating them copy by copy: a copied expert (``new``, in copy order) ends
-        resident and not yet hit unless a later copy of the same access streamed through its slot;
-        an evicted expert is dead on arrival if it was copied (in this access or earlier) and never
-        hit since.
-        """
-        flags = self._flags[layer]
-        doa = 0
-        if evicted and streamed:
-            fresh = set(new)
-            doa = sum(1 for x, u in zip(evicted, flags[1][evicted].tolist()) if u or x in fresh)
-        elif evicted:  # victims were resident before this access and are not requested by it
-            doa = int(np.count_nonzero(flags[1][evicted]))
-        flags[:, new] = True
-        if evicted:
-            flags[:, evicted] = False
-        if streamed:  # a slot may take several experts in turn: the last one stays
-            for e, slot, _ in copies:
-                self.slot_expert[slot] = e
-        else:
-            self.slot_expert[[slot for _, slot, _ in copies]] = new
-        if evicted:
-            st = self.stats
             st.evictions[layer] += len(evicted)
             st.dead_on_arrival[layer] += doa
 
@@ -403,23 +216,17 @@ class CacheState:
         n_free = int(self._free_n[layer])
         need = len(new) - n_free
         victims: list[int] = []
-        if need > 0:
-            protect = np.zeros(self.num_experts, dtype=bool)
-            protect[want] = True
-            cand = (resident & ~protect).nonzero()[0]
-            prio = policy.priority_array(layer)
-            victims = cand[np.argsort(prio[cand], kind="stable")][:need].tolist()
+        if need > 0:  # the planner's eviction order, with ``experts`` protected as an access's requests are
+            wanted = np.zeros(self.num_experts, dtype=np.int64)
+            wanted[want] = 1
+            victims = kernels.lowest_idle(resident, wanted, _float64(policy.priority_array(layer)), need).tolist()
             new = new[: n_free + len(victims)]
         nf = min(len(new), n_free)
         evicted = victims[: len(new) - nf]
         slots = self._pop_free(layer, nf) + self._release(layer, evicted)
         self._slot[layer, new] = slots
-        copies = list(zip(new, slots, [None] * nf + evicted))
-        self._apply_copies(layer, new, copies, evicted, streamed=False)
-        st = self.stats
-        st.copies[layer] += len(copies)
-        st.bytes_copied[layer] += len(copies) * self.expert_bytes
-        return copies
+        self._copied(layer, new, slots, evicted)
+        return list(zip(new, slots, [None] * nf + evicted))
 
     def _evict(self, layer: int, expert: int) -> None:
         self._resident[layer, expert] = False

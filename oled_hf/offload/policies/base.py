@@ -11,8 +11,8 @@ experts, where NumPy's per-call overhead (~1 us) beats torch's (~5 us) by enough
 The public ``priority``/``predicted_reuse`` return torch views of that state (zero copy); the
 ``*_array`` variants and ``reuse_of`` (the reuse of just the misses) are the fast path the planner
 uses. ``observe_access`` runs once per MoE layer per forward on the live runtime's critical path, so
-an update costs a handful of NumPy calls and no Python loop over experts or tokens (OLED's is
-one compiled call where numba is installed: ``oled_hf/offload/kernels.py``).
+an update costs a handful of NumPy calls and no Python loop over experts or tokens (OLED's is one
+call of a numba kernel, ``oled_hf/offload/kernels.py``, where its rules are written).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ import torch
 
 from oled_hf.modeling.events import IterationObserver
 
-from ..kernels import MAX_REUSE  # the compiled planner applies the same cap
+from .. import kernels
+from ..kernels import MAX_REUSE  # noqa: F401  (re-exported: the cap of every predicted reuse)
 
 _REGISTRY: dict[str, type[CachePolicy]] = {}
 NO_INTS, NO_FLOATS = np.zeros(0, dtype=np.int64), np.zeros(0)  # unused arguments of reuse_inputs
@@ -132,7 +133,7 @@ class CachePolicy(IterationObserver):
         return geometric_reuse(self._usage[layer][experts])
 
     def reuse_inputs(self, layer: int) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """What the compiled planner (``kernels.plan_access``) needs for this layer's reuse predictions.
+        """What the planner (``kernels.plan_access``) needs for this layer's reuse predictions.
 
         ``(1, reuse row, -, -, -)``: :meth:`reuse_array` (the same values :meth:`reuse_of` gives);
         OLED answers ``(2, -, route ids, class per route, stability per class)`` so that only an
@@ -160,8 +161,9 @@ class CachePolicy(IterationObserver):
 
 
 def geometric_reuse(u: np.ndarray) -> np.ndarray:
-    """Expected run of further uses, ``u / (1 - u)`` capped at ``MAX_REUSE``, for use probabilities ``u``."""
-    return np.minimum(u / np.maximum(1.0 - u, 1e-9), MAX_REUSE)
+    """Expected run of further uses, ``u / (1 - u)`` capped at ``MAX_REUSE``, for use probabilities ``u``
+    (``kernels.geometric_reuse``: the rule OLED's reuse ends with too)."""
+    return kernels.geometric_reuse(np.asarray(u, dtype=np.float64))
 
 
 def top_set(scores: np.ndarray, size: int) -> np.ndarray:

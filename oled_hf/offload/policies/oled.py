@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from .. import kernels
-from .base import MAX_REUSE, NO_FLOATS, NO_INTS, CachePolicy, as_numpy, register
+from .base import NO_FLOATS, NO_INTS, CachePolicy, as_numpy, register
 
 STABLE, DECODED, COMMITTED, CONFIDENT, UNSURE, FRESH, EDITED = 0, 1, 2, 3, 4, 8, 9  # UNSURE..UNSURE+3 = bins
 N_BINS = 4
@@ -112,23 +112,21 @@ class OledPolicy(CachePolicy):
         self._row_class: np.ndarray | None = None
         self._class_counts: np.ndarray | None = None
         self._entry_class: np.ndarray | None = None  # _row_class repeated per route (cached)
-        # per layer, the previous forward of this block:
-        # (route keys row*E+expert, ids shape, class per row, class counts, class per route)
+        # per layer, the previous forward of this block: (ids, ids shape, class per row, class counts, class per route)
         self._prev: list[tuple[np.ndarray, tuple[int, ...], np.ndarray, np.ndarray | None, np.ndarray] | None]
         self._prev = [None] * self.num_layers
-        # per layer, the calibrated stability per class (a new array whenever the calibration moves)
-        self._stab = np.stack([self.stability(l) for l in range(self.num_layers)])
+        # per layer, the calibrated stability per class (refreshed in place whenever the calibration moves)
+        self._stab = np.empty((self.num_layers, N_CLASSES))
+        for layer in range(self.num_layers):
+            kernels.stability(self._pseudo, self._calib[layer], self.min_stability, self._stab[layer])
         # per layer, what the lazy reuse needs: (flat route ids, stability per class, class per route)
         self._reuse_inputs: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None] = [None] * self.num_layers
-        self._row_keys: dict[tuple[int, int], np.ndarray] = {}  # (rows, k) -> row*E per route
         self._stable: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}  # (rows, k) -> all-STABLE classes
-        # the update through oled_hf.offload.kernels (same floats), for the gate powers it implements
-        self._compiled = kernels.ENABLED and self.gate_power in (0.0, 0.5, 1.0)
-        if self._compiled:
-            kernels.warm_up()
-        self._acc = np.empty(self.num_experts)  # the compiled update's scratch
-        self._kept: list[np.ndarray | None] = [None] * self.num_layers  # id buffers of the compiled update
+        self._acc = np.empty(self.num_experts)  # the update's scratch
+        self._kept: list[np.ndarray | None] = [None] * self.num_layers  # id buffers (two alternate per layer)
         self._no_counts, self._no_gates = np.zeros(N_CLASSES, dtype=np.int64), np.zeros((1, 1), dtype=np.float32)
+        self._experts = np.arange(self.num_experts, dtype=np.int64)
+        kernels.warm_up()
 
     @classmethod
     def from_config(cls, num_layers: int, num_experts: int, config: Any) -> OledPolicy:
@@ -156,14 +154,7 @@ class OledPolicy(CachePolicy):
         confidence = as_numpy(event.confidence).reshape(-1)
         committed = as_numpy(event.committed).reshape(-1)
         edited = None if edited is None else as_numpy(edited).reshape(-1)
-        if self._compiled:
-            cls, counts = np.empty(masked.shape[0], dtype=np.intp), np.empty(N_CLASSES, dtype=np.int64)
-            kernels.classify(_as(masked, np.bool_), _as(confidence, np.float64), _as(committed, np.bool_),
-                             masked if edited is None else _as(edited, np.bool_), edited is not None,
-                             self.threshold, N_BINS, _CODES, cls, counts)
-            self._set_classes(cls, counts)
-        else:
-            self._set_classes(self.classify(masked, confidence, committed, edited))
+        self._set_classes(*self._classify(masked, confidence, committed, edited))
 
     def _set_classes(self, cls: np.ndarray | None, counts: np.ndarray | None = None) -> None:
         self._row_class = cls
@@ -176,29 +167,24 @@ class OledPolicy(CachePolicy):
         self._set_classes(None)
         self._prev = [None] * self.num_layers
 
-    def classify(self, masked: np.ndarray, confidence: np.ndarray, committed: np.ndarray,
-                 edited: np.ndarray | None = None) -> np.ndarray:
+    def classify(self, masked: Any, confidence: Any, committed: Any, edited: Any = None) -> np.ndarray:
         """Stability class per row from one event (see module docstring, step 1)."""
-        masked = np.asarray(masked, dtype=bool)
-        committed = np.asarray(committed, dtype=bool)
-        conf = np.asarray(confidence, dtype=np.float64)
-        unsure = (conf / self.threshold * N_BINS).astype(np.intp)
-        np.minimum(unsure, N_BINS - 1, out=unsure)
-        np.maximum(unsure, 0, out=unsure)
-        unsure += UNSURE
-        cls = np.where(conf >= self.threshold, CONFIDENT, unsure)
-        cls = np.where(masked, cls, DECODED)  # committed and edited rows are overridden below
-        cls = np.where(committed, COMMITTED, cls)
-        if edited is not None:
-            cls = np.where(np.asarray(edited, dtype=bool), EDITED, cls)
-        return cls.astype(np.intp, copy=False)
+        return self._classify(*(None if a is None else as_numpy(a).reshape(-1)
+                                for a in (masked, confidence, committed, edited)))[0]
+
+    def _classify(self, masked: np.ndarray, confidence: np.ndarray, committed: np.ndarray,
+                  edited: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """Class per row and class counts (``kernels.classify``) of flat per-row arrays."""
+        cls, counts = np.empty(masked.shape[0], dtype=np.intp), np.empty(N_CLASSES, dtype=np.int64)
+        masked = _as(masked, np.bool_)
+        kernels.classify(masked, _as(confidence, np.float64), _as(committed, np.bool_),
+                         masked if edited is None else _as(edited, np.bool_), edited is not None,
+                         self.threshold, N_BINS, _CODES, cls, counts)
+        return cls, counts
 
     def stability(self, layer: int) -> np.ndarray:
-        """Calibrated stability per class for one layer, in [min_stability, 1]."""
-        t = self._pseudo + self._calib[layer]  # prior * prior_rows + num, prior_rows + den
-        s = t[0] / t[1]
-        np.maximum(s, self.min_stability, out=s)  # = np.clip, without its Python-level wrapper
-        return np.minimum(s, 1.0, out=s)
+        """Calibrated stability per class for one layer, in [min_stability, 1] (a copy)."""
+        return self._stab[layer].copy()
 
     # ------------------------------------------------------------------ routing
     def _update(self, layer: int, ids: np.ndarray, weights: Any, counts: np.ndarray, clock: int) -> None:
@@ -211,43 +197,15 @@ class OledPolicy(CachePolicy):
         else:  # prefill / refresh / prompt rows: stable
             cls, entry_cls = self._all_stable(rows, k)
             cls_counts = None
-        if self._compiled and k <= kernels.MAX_ROW:  # (k is fixed per model: one path per run)
-            self._update_compiled(layer, ids, weights, cls, cls_counts, entry_cls)
-        else:
-            self._update_numpy(layer, ids, weights, cls, cls_counts, entry_cls)
+        self._update_scores(layer, ids, weights, cls, cls_counts, entry_cls)
         if self.freq_weight:
             freq = self._freq[layer]
             freq *= self.freq_decay
             freq += counts * (1.0 / rows)
 
-    def _update_numpy(self, layer: int, ids: np.ndarray, weights: Any, cls: np.ndarray,
-                      cls_counts: np.ndarray | None, entry_cls: np.ndarray) -> None:
-        """Calibration and score update of one access (module docstring, steps 2-3), in NumPy."""
-        rows, k = ids.shape
-        if self.calibrate:
-            self._measure(layer, ids, cls, cls_counts, entry_cls)
-        stab = self._stab[layer]
-        flat = ids.reshape(-1)
-        if weights is None or self.gate_power == 0.0:
-            entry = (stab / k)[entry_cls]  # = repeat(s_row / k, k)
-        else:
-            s_row = stab[cls]
-            g = as_numpy(weights).reshape(rows, k)
-            if self.gate_power == 0.5:  # gates are >= 0
-                g = np.sqrt(g, dtype=np.float32)
-            else:
-                g = g.astype(np.float32)
-                if self.gate_power != 1.0:
-                    g **= self.gate_power
-            entry = (g * (s_row / np.maximum(np.add.reduce(g, axis=1), 1e-12))[:, None]).reshape(-1)
-        score = self._score[layer]
-        score *= self.decay
-        score += np.bincount(flat, weights=entry, minlength=self.num_experts)
-        self._reuse_inputs[layer] = (flat, stab, entry_cls)
-
-    def _update_compiled(self, layer: int, ids: np.ndarray, weights: Any, cls: np.ndarray,
-                         cls_counts: np.ndarray | None, entry_cls: np.ndarray) -> None:
-        """:meth:`_update_numpy` as one ``kernels.oled_update`` call (same operations, same floats)."""
+    def _update_scores(self, layer: int, ids: np.ndarray, weights: Any, cls: np.ndarray,
+                       cls_counts: np.ndarray | None, entry_cls: np.ndarray) -> None:
+        """Calibration and score update of one access (module docstring, steps 2-3): one ``kernels.oled_update``."""
         rows, k = ids.shape
         keep = self._kept[layer]
         if keep is None or keep.shape != ids.shape:  # this access's ids, kept for the next one's calibration
@@ -260,11 +218,11 @@ class OledPolicy(CachePolicy):
                 prev_counts = np.bincount(prev_cls, minlength=N_CLASSES)
         else:
             prev_ids, prev_cls, prev_counts, prev_entry_cls = keep, cls, self._no_counts, entry_cls
-        gate_mode = 0 if weights is None or self.gate_power == 0.0 else 1 if self.gate_power == 0.5 else 2
-        gates = self._no_gates if gate_mode == 0 else _as(as_numpy(weights).reshape(rows, k), np.float32)
+        power = 0.0 if weights is None else self.gate_power  # 0: no gate weights
+        gates = self._no_gates if power == 0.0 else _as(as_numpy(weights).reshape(rows, k), np.float32)
         ids = _as(ids, np.int64)
         stab = self._stab[layer]
-        kernels.oled_update(ids, gates, gate_mode, cls, entry_cls, prev_ids, prev_cls, prev_entry_cls, prev_counts,
+        kernels.oled_update(ids, gates, power, cls, entry_cls, prev_ids, prev_cls, prev_entry_cls, prev_counts,
                             measure_it, keep, self._calib[layer], self.calibration_decay, self._pseudo,
                             self.min_stability, stab, self._score[layer], self.decay, self._acc)
         if self.calibrate:  # two buffers alternate: this access's becomes the previous, the previous is reused
@@ -279,44 +237,6 @@ class OledPolicy(CachePolicy):
             got = self._stable[(rows, k)] = (np.zeros(rows, dtype=np.intp), np.zeros(rows * k, dtype=np.intp))
         return got
 
-    def _route_keys(self, ids: np.ndarray) -> np.ndarray:
-        """``row * num_experts + expert`` per route (flat): one number per (row, expert) pair."""
-        rows, k = ids.shape
-        base = self._row_keys.get((rows, k))
-        if base is None:
-            base = self._row_keys[(rows, k)] = np.repeat(np.arange(rows, dtype=np.int64) * self.num_experts, k)
-        return ids.reshape(-1) + base
-
-    def _measure(
-        self, layer: int, ids: np.ndarray, cls: np.ndarray, cls_counts: np.ndarray | None, entry_cls: np.ndarray
-    ) -> None:
-        """Update per-class route persistence from the previous forward of this block.
-
-        A row's kept fraction is (pairs of a previous and a current route of the row with the same
-        expert) / k, summed per class of the previous forward's rows.
-        """
-        keys = self._route_keys(ids)
-        prev = self._prev[layer]
-        if prev is not None and prev[1] == ids.shape:
-            prev_keys, _, prev_cls, prev_counts, prev_entry_cls = prev
-            rows, k = ids.shape
-            # per previous route: the current routes of its row to the same expert
-            matches = np.bincount(keys, minlength=rows * self.num_experts)[prev_keys]
-            if k & (k - 1) == 0:  # k = 2**j: every kept fraction and partial sum is exact, so summing
-                # the matches per class first and dividing once gives the very same floats
-                kept = np.bincount(prev_entry_cls, weights=matches, minlength=N_CLASSES) / k
-            else:
-                per_row = np.add.reduce(matches.reshape(rows, k), axis=1) / k
-                kept = np.bincount(prev_cls, weights=per_row, minlength=N_CLASSES)
-            if prev_counts is None:
-                prev_counts = np.bincount(prev_cls, minlength=N_CLASSES)
-            calib = self._calib[layer]
-            calib *= self.calibration_decay
-            calib[0] += kept
-            calib[1] += prev_counts
-            self._stab[layer] = self.stability(layer)
-        self._prev[layer] = (keys, ids.shape, cls, cls_counts, entry_cls)
-
     # ------------------------------------------------------------------ ranking
     def priority_array(self, layer: int) -> np.ndarray:
         if not self.freq_weight:
@@ -325,11 +245,12 @@ class OledPolicy(CachePolicy):
         return np.add(out, self._score[layer], out=out)
 
     def reuse_array(self, layer: int) -> np.ndarray:
-        """P(requested next) = 1 - prod over routes (1 - s_row); reuse = p / (1 - p). Lazy: only
-        accesses with misses to dispatch pay for it."""
+        """P(requested next) = 1 - prod over routes (1 - s_row); reuse = p / (1 - p) (``kernels.oled_reuse``).
+        Lazy: only accesses with misses to dispatch pay for it."""
         pending = self._reuse_inputs[layer]
         if pending is not None:
-            self._reuse[layer] = _reuse_from(self._log_miss(pending))
+            flat, stab, entry_cls = pending
+            kernels.oled_reuse(flat, entry_cls, stab, self.num_experts, self._experts, self._reuse[layer])
             self._reuse_inputs[layer] = None
         return self._reuse[layer]
 
@@ -337,24 +258,18 @@ class OledPolicy(CachePolicy):
         pending = self._reuse_inputs[layer]
         if pending is None:
             return self._reuse[layer][experts]
-        return _reuse_from(self._log_miss(pending)[experts])  # element-wise: same values as the full array
+        experts = _as(np.asarray(experts), np.int64)
+        out = np.empty(experts.shape[0])
+        flat, stab, entry_cls = pending
+        kernels.oled_reuse(flat, entry_cls, stab, self.num_experts, experts, out)  # element-wise: as the full row
+        return out
 
     def reuse_inputs(self, layer: int) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         pending = self._reuse_inputs[layer]
         if pending is None:
             return 1, self._reuse[layer], NO_INTS, NO_INTS, NO_FLOATS
         flat, stab, entry_cls = pending
-        return 2, NO_FLOATS, _as(flat, np.int64), entry_cls, stab  # (the NumPy update keeps the caller's ids)
-
-    def _log_miss(self, pending: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
-        """Per expert, the sum over its routes of log(1 - s_row) (s capped at 0.99)."""
-        flat, stab, entry_cls = pending
-        per_class = np.log1p(-np.minimum(stab, 0.99))
-        if self._compiled:
-            out = np.empty(self.num_experts)
-            kernels.class_sum(flat, entry_cls, per_class, out)
-            return out
-        return np.bincount(flat, weights=per_class[entry_cls], minlength=self.num_experts)
+        return 2, NO_FLOATS, flat, entry_cls, stab
 
 
 _CODES = np.array([DECODED, COMMITTED, CONFIDENT, UNSURE, EDITED], dtype=np.intp)  # kernels.classify's classes
@@ -363,8 +278,3 @@ _CODES = np.array([DECODED, COMMITTED, CONFIDENT, UNSURE, EDITED], dtype=np.intp
 def _as(a: np.ndarray, dtype: Any) -> np.ndarray:
     """``a`` as a contiguous array of ``dtype`` (no copy when it is one already)."""
     return a if a.dtype == dtype and a.flags.c_contiguous else np.ascontiguousarray(a, dtype=dtype)
-
-
-def _reuse_from(log_miss: np.ndarray) -> np.ndarray:
-    p = -np.expm1(log_miss)
-    return np.minimum(p / np.maximum(1.0 - p, 1e-9), MAX_REUSE)
