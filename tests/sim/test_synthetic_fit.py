@@ -1,0 +1,78 @@
+"""The fitted synthetic workload: fit on a generated trace recovers what generated it."""
+
+import math
+
+import numpy as np
+import pytest
+
+from oled_hf.sim import synth_fit as sf
+from oled_hf.sim.routing_stats import state_labels
+from oled_hf.sim.synthetic import SynthParams, TraceShape, generate
+
+L, E, K, B = 2, 64, 4, 8
+
+
+def truth() -> SynthParams:
+    carry = {s: [0.97, 0.9] for s in state_labels()}
+    carry["committed"] = [0.3, 0.3]
+    return SynthParams(L, E, K, B, popularity_scale=[0.8, 0.5], block_scale=[1.0, 1.2], block_carry=[0.6, 0.6],
+                       carry=carry, predict_carry=[1.0, 0.8], threshold=0.9, sure_alpha=1.0, sure_beta=0.6,
+                       hazard=0.2, hidden_size=64, moe_intermediate_size=32, dtype_bytes=2)
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    p = truth()
+    trace = generate(p, TraceShape.uniform(24, 3, B), seed=3)
+    return p, trace, sf.fit(trace)
+
+
+def test_fit_recovers_the_generating_parameters(fitted):
+    p, _, q = fitted
+    assert q.threshold == pytest.approx(0.9)  # the header's
+    for l in range(L):  # the shared scale (sets distinct experts) within 15%, the block carry within 0.2
+        assert math.hypot(q.popularity_scale[l], q.block_scale[l]) == pytest.approx(
+            math.hypot(p.popularity_scale[l], p.block_scale[l]), rel=0.15)
+        assert abs(q.block_carry[l] - p.block_carry[l]) < 0.2
+        assert abs(q.carry["decoded"][l] - p.carry["decoded"][l]) < 0.03
+        assert abs(q.carry["committed"][l] - 0.3) < 0.15
+    assert abs(q.predict_carry[1] - 0.8) < 0.1
+    assert abs(q.hazard - p.hazard) < 0.08
+    assert q.sure_alpha / (q.sure_alpha + q.sure_beta) == pytest.approx(1.0 / 1.6, abs=0.1)
+
+
+def test_regenerated_statistics_match_the_fitted_ones(fitted):
+    _, trace, q = fitted
+    a = sf.describe(trace)
+    big = sf.describe(generate(q, TraceShape.uniform(96, 3, B), seed=4))  # the schedule fit, not sampling noise
+    for key in ("iterations per block", "tokens per forward"):
+        assert big[key] == pytest.approx(a[key], rel=0.1)
+    b = sf.describe(generate(q, sf.trace_shape(trace), seed=4))  # skew depends on the trace's length: same shape
+    for key, tol in (("distinct experts per iteration", 0.05), ("overlap across blocks", 0.08),
+                     ("top-10% expert share (skew)", 0.12)):
+        assert np.mean(b[key]) == pytest.approx(np.mean(a[key]), rel=tol)
+    assert b["persistence: decoded"] == pytest.approx(a["persistence: decoded"], abs=0.03)
+
+
+def test_trace_shape_is_the_skeleton_generate_used():
+    shape = TraceShape.uniform(3, 2, B, batch=2, prompt_length=5)
+    got = sf.trace_shape(generate(truth(), shape, seed=0))
+    assert got.batch == 2 and len(got.sequences) == 3
+    assert [s.prompt_rows for s in got.sequences] == [10, 10, 10]
+    assert got.sequences[0].blocks == [(1, [B, B], True), (2, [B, B], False)]
+
+
+def test_params_round_trip_json_and_refuse_unknown_keys(tmp_path):
+    p = truth()
+    p.save(str(tmp_path / "p.json"))
+    assert SynthParams.load(str(tmp_path / "p.json")) == p
+    (tmp_path / "bad.json").write_text('{"nope": 1}')
+    with pytest.raises(ValueError, match="unknown keys"):
+        SynthParams.load(str(tmp_path / "bad.json"))
+
+
+def test_like_names_every_assumption_and_rejects_unknown_names():
+    from oled_hf.sim.synth_like import like
+
+    with pytest.raises(ValueError, match="allowed: llada2.0-flash, llada2.0-mini"):
+        like("llada3")
