@@ -3,8 +3,8 @@
 The CPU computes its experts from the host store while the GPU computes hits and copied experts
 (copies stream in on the copy engine). Both run concurrently, so one layer access takes roughly
 ``max(CPU time, GPU+copy time)``. A copy also pays off later: the expert stays cached for its
-predicted reuse. The rule (deterministic; Python floats for fewer than 40 misses, NumPy beyond;
-where numba is installed the planner runs it inside its compiled plan, ``kernels.plan_access``):
+predicted reuse. The rule (deterministic; written once, ``kernels.split_misses``, which the planner
+runs inside its plan of an access, ``kernels.plan_access``):
 
 1. Misses the policy does not admit run on the CPU (with CPU compute off, everything is copied).
 2. Rank the admitted misses by benefit per GPU-side cost,
@@ -36,6 +36,7 @@ import math
 
 import numpy as np
 
+from . import kernels
 from .costmodel import CostModel
 
 # auto: on beside an accelerator, off where the device is the CPU (resolve_cpu_compute)
@@ -60,11 +61,6 @@ def resolve_cpu_compute(mode: str, accelerator: bool) -> str:
 
 class Dispatcher:
     """Splits one layer access's misses between copy-to-GPU and compute-on-CPU."""
-
-    # Below this many misses the rule runs on Python floats: a few misses is the common case (a warm
-    # cache) and NumPy's ~0.5 us per call would dominate (measured crossover: ~40 misses). Both
-    # paths do the same IEEE operations in the same order (see ``_split_small``): same decisions.
-    small = 40
 
     def __init__(
         self,
@@ -153,100 +149,18 @@ class Dispatcher:
         n_hits: int,
         hit_token_sum: float,
     ) -> list[bool]:
-        """:meth:`decide` with the hits given as their number and total tokens, answering a list of bools.
-
-        The planner's fast path: a layer has few misses, so they stay in Python lists.
-        """
+        """:meth:`decide` with the hits given as their number and total tokens, answering a list of bools
+        (``kernels.split_misses``, the rule the planner runs inside ``kernels.plan_access``)."""
         m = len(tokens)
         if not self.cpu_enabled:
             return [True] * m
         cm = self.cost_model
         assert cm is not None
-        copy_t = cm.copy_time()
         g0 = cm.gpu_expert_fixed_s * n_hits + cm.gpu_s_per_token * hit_token_sum
-        if m < self.small and copy_t > 0.0:
-            take = self._split_small(cm, copy_t, g0, tokens.tolist(), np.asarray(reuse).tolist(), admitted, room)
-            if take is not None:
-                return take
-        return self._split_numpy(cm, copy_t, g0, tokens, reuse, admitted, room).tolist()
-
-    @staticmethod
-    def _split_numpy(
-        cm: CostModel, copy_t: float, g0: float, tokens: np.ndarray, reuse: np.ndarray,
-        admitted: np.ndarray | None, room: int,
-    ) -> np.ndarray:
-        """The rule of the module docstring, vectorised."""
-        m = len(tokens)
-        copy_mask = np.zeros(m, dtype=bool)
-        if m == 0:
-            return copy_mask
-        n = np.asarray(tokens, dtype=np.float64)  # every miss has >= 1 token
-        cpu = np.maximum(cm.cpu_expert_fixed_s, n * cm.cpu_s_per_token)  # the batch overhead: once, in c0
-        gpu = cm.gpu_expert_fixed_s + n * cm.gpu_s_per_token
-        r1 = 1.0 + np.maximum(np.asarray(reuse, dtype=np.float64), 0.0)
-        key = cpu * r1 / (gpu + copy_t)
-        n_cand = m
-        if admitted is not None:
-            key[~admitted] = -np.inf
-            n_cand = int(np.count_nonzero(admitted))
-            if n_cand == 0:
-                return copy_mask
-        order = np.argsort(-key, kind="stable")[:n_cand]
-        amort = copy_t / r1[order]
-        if room < n_cand:
-            amort[max(room, 0):] = copy_t
-        c0 = cm.cpu_overhead_s + float(cpu.sum())
-        c_left = c0 - np.cumsum(cpu[order])
-        if n_cand == m:  # every miss copied: no CPU batch, no overhead
-            c_left[-1] = 0.0
-        span = np.maximum(g0 + np.cumsum(gpu[order] + amort), c_left)
-        # prefix length j in 0..n_cand minimising the span; ties -> the longer prefix
-        j = n_cand - int(np.argmin(span[::-1]))
-        if span[j - 1] > max(g0, c0):
-            j = 0
-        copy_mask[order[:j]] = True
-        return copy_mask
-
-    @staticmethod
-    def _split_small(
-        cm: CostModel, copy_t: float, g0: float, tokens: list[int], reuse: list[float],
-        admitted: np.ndarray | None, room: int,
-    ) -> list[bool] | None:
-        """:meth:`_split_numpy` on Python floats, operation for operation (None: leave it to NumPy).
-
-        Element-wise IEEE operations, a stable sort, running sums and "last minimum" are the same
-        in Python and NumPy (``b if b > a else a`` is ``np.maximum(a, b)`` for non-NaN values);
-        only ``sum`` may associate differently in NumPy (pairwise), so the total CPU time is summed
-        by NumPy itself unless it has at most two terms; the batch overhead is added to that sum. NaN
-        keys (which sort differently) are
-        handed back to the vectorised path.
-        """
-        m = len(tokens)
-        ov, cf, cs = cm.cpu_overhead_s, cm.cpu_expert_fixed_s, cm.cpu_s_per_token
-        gf, gs = cm.gpu_expert_fixed_s, cm.gpu_s_per_token
-        cpu = [c if (c := n * cs) > cf else cf for n in tokens]
-        gpu = [gf + n * gs for n in tokens]
-        r1 = [1.0 + (0.0 if 0.0 > r else r) for r in reuse]
-        neg_key = [-(c * r / (g + copy_t)) for c, r, g in zip(cpu, r1, gpu)]
-        if any(map(math.isnan, neg_key)):
-            return None
-        cand = range(m) if admitted is None else [i for i, a in enumerate(admitted.tolist()) if a]
-        take = [False] * m
-        if not cand:
-            return take
-        order = sorted(cand, key=neg_key.__getitem__)  # stable: ties keep miss order, as argsort(kind="stable")
-        c0 = ov + (cpu[0] if m == 1 else cpu[0] + cpu[1] if m == 2 else float(np.add.reduce(np.array(cpu))))
-        best, best_span = 0, math.inf
-        g_run = c_run = -0.0  # -0.0 + x == x: the first running sum is exactly its first term
-        for j, i in enumerate(order):
-            g_run += gpu[i] + (copy_t / r1[i] if j < room else copy_t)
-            c_run += cpu[i]
-            g_span, c_span = g0 + g_run, (c0 - c_run if j + 1 < m else 0.0)
-            span = c_span if c_span > g_span else g_span
-            if span <= best_span:  # ties -> the longer prefix
-                best, best_span = j + 1, span
-        if best_span > (c0 if c0 > g0 else g0):
-            best = 0
-        for i in order[:best]:
-            take[i] = True
-        return take
+        take = np.zeros(m, dtype=bool)
+        if m:
+            adm = np.ones(m, dtype=bool) if admitted is None else np.ascontiguousarray(admitted, dtype=bool)
+            kernels.split_misses(np.ascontiguousarray(tokens, dtype=np.int64),
+                                 np.ascontiguousarray(reuse, dtype=np.float64), adm,
+                                 int(room), float(g0), *self.kernel_costs().tolist(), take)
+        return take.tolist()

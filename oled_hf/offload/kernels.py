@@ -26,7 +26,7 @@ libm in the last bit of a reuse prediction.
 
 One file, past the ~400-line guideline, on purpose: numba's on-disk cache invalidates a function
 when its own file changes, not when a kernel it calls in another file does, and these kernels call
-each other (``plan_access`` -> ``_split_misses`` -> ``_pairwise``, ``oled_update`` -> ``_measure``
+each other (``plan_access`` -> ``split_misses`` -> ``_pairwise``, ``oled_update`` -> ``_measure``
 -> ``_stability``, the reuse rule from both the planner and the policy): split across files, an
 edit to a callee would leave callers running its old code from the cache.
 """
@@ -358,7 +358,7 @@ def lowest_idle(resident, counts, prio, n):
 
 
 @jit
-def _split_misses(tokens, reuse, admitted, room, g0, copy_t, ov, cf, cs, gf, gs, take):
+def split_misses(tokens, reuse, admitted, room, g0, copy_t, ov, cf, cs, gf, gs, take):
     """The dispatcher's copy-vs-CPU rule (``oled_hf.offload.dispatch``, steps 1-3); fills ``take``.
 
     Per miss of ``n`` tokens: CPU time ``max(cf, n * cs)``, GPU time ``gf + n * gs``, ``r1 = 1 +
@@ -457,7 +457,7 @@ def plan_access(layer, counts, flags_all, tables, free_n, slot_expert, prio, adm
                 flat, entry_cls, stab, capacity, total_tokens, cpu_enabled, bg_copies, bg_min_reuse, costs, out):
     """One access of ``CacheState.plan``, in place over the state arrays (the module rules of ``planner``).
 
-    Hits and misses in id order; the dispatcher's split (``_split_misses``, with the policy's
+    Hits and misses in id order; the dispatcher's split (``split_misses``, with the policy's
     reuse unless rule 4's reuse copies serve it off the critical path); copies in ascending
     priority (ties by id) into free slots (popped from the top of the layer's stack), then the
     lowest-priority idle residents, then the access's computed experts (a request over the capacity
@@ -509,7 +509,7 @@ def plan_access(layer, counts, flags_all, tables, free_n, slot_expert, prio, adm
                 for i in range(nm):
                     reuse[i] = _reuse_at(misses[i], reuse_mode, reuse_row, log_miss)
             g0 = gf * nh + gs * np.float64(total_tokens - miss_sum)
-            _split_misses(tokens, reuse, admitted, capacity - nh, g0, copy_t, ov, cf, cs, gf, gs, take)
+            split_misses(tokens, reuse, admitted, capacity - nh, g0, copy_t, ov, cf, cs, gf, gs, take)
     nc = 0
     for i in range(nm):
         if take[i]:

@@ -74,26 +74,6 @@ def test_balances_and_prefers_high_reuse():
     assert cpu_left < gpu_all_cpu
 
 
-@pytest.mark.parametrize("cm", [CM, CostModel(expert_bytes=1000, h2d_bytes_per_s=1e9, gpu_expert_fixed_s=0.0,
-                                              gpu_s_per_token=0.0, cpu_expert_fixed_s=2e-6, cpu_s_per_token=1e-6)])
-def test_python_and_numpy_paths_decide_identically(cm):
-    """The small-input path must reproduce the vectorised rule bit for bit, ties included."""
-    rng = np.random.default_rng(1)
-    copy_t = cm.copy_time()
-    for trial in range(3000):
-        m = int(rng.integers(0, 45))
-        tokens = rng.integers(1, 4 if trial % 2 else 40, size=m)  # few distinct values: exact ties
-        reuse = rng.choice([0.0, 0.5, 1.0, 3.0, 32.0], size=m) if trial % 3 else rng.random(m) * 5
-        admitted = None if trial % 4 else rng.random(m) < 0.6
-        room = int(rng.integers(-2, m + 3))
-        g0 = float(rng.choice([0.0, 1e-5, 3e-4]))
-        ref = Dispatcher._split_numpy(cm, copy_t, g0, tokens, reuse, admitted, room)
-        small = Dispatcher._split_small(cm, copy_t, g0, tokens.tolist(), reuse.tolist(), admitted, room)
-        assert small is not None and (small == ref).all(), (trial, m, room)
-    nan = Dispatcher._split_small(cm, copy_t, 0.0, [1, 2], [float("nan"), 1.0], None, 2)
-    assert nan is None  # NaN keys sort differently: left to NumPy
-
-
 def test_resolve_cpu_compute_by_device():
     from oled_hf.offload.dispatch import resolve_cpu_compute
 

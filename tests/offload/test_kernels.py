@@ -116,20 +116,22 @@ def test_classes_reuse_and_orders_compiled_are_their_python():
 
 
 @compiled_only
-def test_split_compiled_is_its_python():
-    cm = CostModel.h200_pcie5(2048, 512)
+@pytest.mark.parametrize("cm", [CostModel.h200_pcie5(2048, 512),
+                                CostModel(expert_bytes=1000, h2d_bytes_per_s=1e9, gpu_expert_fixed_s=0.0,
+                                          gpu_s_per_token=0.0, cpu_expert_fixed_s=2e-6, cpu_s_per_token=1e-6)])
+def test_split_compiled_is_its_python(cm):
     costs = (cm.copy_time(), cm.cpu_overhead_s, cm.cpu_expert_fixed_s, cm.cpu_s_per_token, cm.gpu_expert_fixed_s,
              cm.gpu_s_per_token)
     rng = np.random.default_rng(2)
-    for trial in range(300):
-        m = int(rng.integers(1, 40)) if trial < 250 else int(rng.integers(40, 300))
-        tokens = rng.integers(1, 40, m)
-        reuse = np.where(rng.random(m) < 0.3, 0.0, rng.random(m) * 4)  # ties at 0
-        admitted = rng.random(m) < (0.7 if trial % 3 == 0 else 1.0)
-        args = (tokens, reuse, admitted, int(rng.integers(-2, m + 2)), float(rng.random() * 1e-4), *costs)
+    for trial in range(400):
+        m = int(rng.integers(1, 45)) if trial < 350 else int(rng.integers(45, 300))
+        tokens = rng.integers(1, 4 if trial % 2 else 40, m)  # few distinct values: exact ties
+        reuse = rng.choice([0.0, 0.5, 1.0, 3.0, 32.0], m) if trial % 3 else rng.random(m) * 5
+        admitted = rng.random(m) < (0.6 if trial % 4 == 0 else 1.0)
+        args = (tokens, reuse, admitted, int(rng.integers(-2, m + 3)), float(rng.choice([0.0, 1e-5, 3e-4])), *costs)
         takes = [np.empty(m, dtype=bool), np.empty(m, dtype=bool)]
-        kernels._split_misses(*args, takes[0])
-        py(kernels._split_misses)(*args, takes[1])
+        kernels.split_misses(*args, takes[0])
+        py(kernels.split_misses)(*args, takes[1])
         assert takes[0].tolist() == takes[1].tolist(), trial
 
 
@@ -224,7 +226,7 @@ def _split(tokens, reuse, admitted=None, room=8, g0=0.0, costs=(1.0, 0.0, 0.1, 0
     m = len(tokens)
     take = np.empty(m, dtype=bool)
     adm = np.ones(m, dtype=bool) if admitted is None else np.asarray(admitted)
-    kernels._split_misses(np.asarray(tokens), np.asarray(reuse, dtype=np.float64), adm, room, g0, *costs, take)
+    kernels.split_misses(np.asarray(tokens), np.asarray(reuse, dtype=np.float64), adm, room, g0, *costs, take)
     return take.tolist()
 
 
