@@ -94,16 +94,16 @@ def main(argv: list[str] | None = None) -> int:
         ys = [rp.pick(r[2], n, args.pct).result.ratio_to_full if rp.pick(r[2], n, args.pct) else np.nan
               for r in rows]
         ax.plot(xs, ys, marker="o", label=n, linewidth=2.5 if n == rp.OURS else 1.2)
-    ax.set_xlabel("distinct experts per route (toy-like right, mini-like left)")
+    ax.set_xlabel("distinct experts per route (toy-like left -> mini-like right)")
     ax.invert_xaxis()
     ax.set_ylabel(f"simulated TPOT / fused residency at {args.pct:g}% cache")
     ax.set_yscale("log")
     ax.set_title("Systems against routing locality (synthetic workloads)")
-    ax.text(0.01, 0.01, f"simulated time: LLaDA2.0-mini-sized experts on H200 + PCIe 5.0; synthetic traces, "
+    fig.text(0.01, 0.005, f"simulated time: LLaDA2.0-mini-sized experts on H200 + PCIe 5.0; synthetic traces, "
                         f"{args.layers} MoE layers x 256, block 32; cosine {rows[0][1]:.3f} -> {rows[-1][1]:.3f}",
-            transform=ax.transAxes, fontsize=7)
+             fontsize=7)
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
     fig.savefig(args.png, dpi=120)
     print(f"\nwrote {args.png}")
     return 0
