@@ -80,8 +80,8 @@ for B in 16 32; do
   rec --model "$OUT/small" --prompts "$OUT/dev-prompts.txt" --block-length $B --max-new-tokens 64 \
       --out "$OUT/dev/small-b$B-bs1.trace"
 done
-synth --out "$OUT/held-out/synthetic-mini-b32-bs1.trace" --block-length 32 --seed 1
-synth --out "$OUT/dev/synthetic-mini-b32-bs1.trace" --block-length 32 --seed 2
+synth --out "$OUT/held-out/synthetic-mini-b32-bs1.trace" --block-length 32 --seed 1 --overwrite
+synth --out "$OUT/dev/synthetic-mini-b32-bs1.trace" --block-length 32 --seed 2 --overwrite
 fi
 if [ -n "$LONG" ]; then
   # LONG_N problems per task of the checkpoint's mix, interleaved (held-out: the report; dev: tuning only)
