@@ -9,6 +9,11 @@ RECORD_COMMAND = "LONG_ONLY=1 eval/record_traces.sh TRACES oled_hf/toy/long/chec
 PREDICTOR_FIGURE, PREDICTOR_TEXT = "i_predictors.png", "i_predictors.txt"  # eval/predictor_quality.py's, if present
 
 
+def trace_kind(info) -> str:
+    """"synthetic" for a generated trace (``trace synth`` names its model so), else "recorded"."""
+    return "synthetic" if str(info.model).startswith("synthetic") else "recorded"
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     from ..sim.hardware import add_cost_model_args
 
@@ -96,7 +101,8 @@ def report_cmd(args: argparse.Namespace) -> int:
     trace = traces[main.label]
     prof = profile if profile is not None and profile.shape == (trace.num_layers, trace.num_experts) else None
     depth = ", ".join(sorted({f"{i.num_layers} MoE layers x {i.num_experts} experts" for i in infos}))
-    sec = ["# OLED-MoE evaluation on recorded traces",
+    kinds = " and ".join(sorted({trace_kind(i) for i in infos}, reverse=True))
+    sec = [f"# OLED-MoE evaluation on {kinds} traces",
            f"Traces: **{depth}** (LLaDA2.0-mini has 19 MoE layers x 256): only the expert size is "
            f"**{args.as_model}**'s ({cm.expert_bytes / 2**20:.2f} MiB), timed on H200 + PCIe 5.0 x16: "
            f"H2D {cm.h2d_bytes_per_s / 1e9:g} GB/s, HBM {cm.gpu_hbm_bytes_per_s / 1e9:g} GB/s, host DRAM "
@@ -111,9 +117,9 @@ def report_cmd(args: argparse.Namespace) -> int:
            "`oled_hf/sim/bound.py`). U_slot = hits / (slots x layer accesses). Dispatchers decide from the true "
            f"cost model except in (h). Traces recorded by `{RECORD_COMMAND}`.",
            "## Traces\n" + rp.md_table(
-               ["label", "model", "block", "batch", "layers x experts", "forwards", "output tokens", "v2 preds",
-                "warm-up sequences"],
-               [[i.label, Path(i.model).name[-40:], str(i.block_length), str(i.batch_size),
+               ["label", "model", "recorded or synthetic", "block", "batch", "layers x experts", "forwards",
+                "output tokens", "v2 preds", "warm-up sequences"],
+               [[i.label, Path(i.model).name[-40:], trace_kind(i), str(i.block_length), str(i.batch_size),
                  f"{i.num_layers}x{i.num_experts}", str(i.forwards), str(i.output_tokens),
                  "yes" if i.has_predictions else "no", str(i.warmup)] for i in infos])]
 
@@ -136,8 +142,9 @@ def report_cmd(args: argparse.Namespace) -> int:
                + rp.md_table(["system", "retention", "prefetch", "dispatch", "allocation", "chosen on dev",
                               "searched (dev x fused)", "stands for"], rows))
     def sim_note(info) -> str:
-        return (f"simulated time: {args.as_model}-sized experts ({cm.expert_bytes / 2**20:.2f} MiB) on H200 + PCIe 5.0 "
-                f"x16; trace {info.label}: {info.num_layers} MoE layers x {info.num_experts} experts, recorded")
+        return (f"simulated time: {args.as_model}-sized experts ({cm.expert_bytes / 2**20:.2f} MiB) on H200 + PCIe "
+                f"5.0 x16; trace {info.label}: {info.num_layers} MoE layers x {info.num_experts} experts, "
+                f"{trace_kind(info)}")
 
     # headline + (a) + (b) per trace
     for info in infos:
