@@ -8,7 +8,8 @@
 # synthetic trace has LLaDA2.0-mini's shape (19 x 256, top-8).
 # LONG_ONLY=1 records only the long-answer model's traces; LONG_N (default 10) is problems per task;
 # LONG_SPLITS (default "held-out dev") which splits it records; LONG_LABEL (default "long") names its
-# traces (LABEL-b16-bs1.trace, ...): "deep" for the 8-MoE-layer model.
+# traces (LABEL-b16-bs1.trace, ...): "deep" for the 8-MoE-layer model; LONG_EXTRA=0 skips its block-8
+# and batch 2/4/8 traces (only block 16 and 32 at batch 1).
 set -euo pipefail
 OUT=${1:?usage: eval/record_traces.sh OUT [LONG_MODEL]}
 LONG=${2:-}
@@ -23,7 +24,8 @@ SPLITS=${LONG_SPLITS:-held-out dev}
 LABEL=${LONG_LABEL:-long}
 TOTAL=0
 [ -z "${LONG_ONLY:-}" ] && TOTAL=15  # 13 recorded + 2 synthetic
-[ -n "$LONG" ] && TOTAL=$((TOTAL + 2 * $(wc -w <<< "$SPLITS") + 4))
+EXTRA=${LONG_EXTRA:-1}
+[ -n "$LONG" ] && TOTAL=$((TOTAL + 2 * $(wc -w <<< "$SPLITS") + 4 * (EXTRA != 0)))
 N=0
 START=$SECONDS
 stage() { N=$((N + 1)); echo "[$N/$TOTAL, $(( SECONDS - START )) s] $*"; }
@@ -94,12 +96,14 @@ print('\n'.join(q(sys.argv[1], int(sys.argv[3]), sys.argv[2])))" "$LONG" $SPLIT 
           --max-new-tokens 128 --out "$OUT/$SPLIT/$LABEL-b$B-bs1.trace"
     done
   done
+  if [ "$EXTRA" != 0 ]; then
   rec --model "$LONG" --prompts "$OUT/$LABEL-held-out-prompts.txt" --block-length 8 --steps 8 \
       --max-new-tokens 128 --out "$OUT/held-out/$LABEL-b8-bs1.trace"
   for BS in 2 4 8; do
     rec --model "$LONG" --prompts "$OUT/$LABEL-held-out-prompts.txt" --block-length 16 --steps 16 \
         --max-new-tokens 128 --batch-size $BS --out "$OUT/held-out/$LABEL-b16-bs$BS.trace"
   done
+  fi
 fi
 echo "recorded $N traces in $(( SECONDS - START )) s:"
 ls -la "$OUT/held-out" "$OUT/dev"
