@@ -27,7 +27,7 @@ libm in the last bit of a reuse prediction.
 One file, past the ~400-line guideline, on purpose: numba's on-disk cache invalidates a function
 when its own file changes, not when a kernel it calls in another file does, and these kernels call
 each other (``plan_access`` -> ``split_misses`` -> ``_pairwise``, ``oled_update`` -> ``_measure``
--> ``_stability``, the reuse rule from both the planner and the policy): split across files, an
+-> ``stability``, the reuse rule from both the planner and the policy): split across files, an
 edit to a callee would leave callers running its old code from the cache.
 """
 
