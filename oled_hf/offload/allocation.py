@@ -13,9 +13,12 @@ phase changes through exponential decay.
 Cost: ``observe`` runs once per MoE layer per forward, on the live runtime's critical path, so it
 only stores the access's token counts; the stack distances of the stored accesses are computed
 together when the curve is read (``target``/``propose`` at a block end) and added in access
-order, so the histogram is the same whenever a batch is folded in: vectorised over accesses in
-NumPy, or, where numba is installed, an LRU stack walked access by access (``fold_counts``, ~2 us
-per access at 256 experts), with the antitonic fit compiled too (``antitonic_pav``).
+order, so the histogram is the same whenever a batch is folded in. Both rules here are written
+once, as kernels (``kernels.jit``: compiled by numba, or the same source run as Python where
+``kernels.COMPILED`` is false): the fold walks an LRU stack access by access (``fold_counts``, ~2 us
+per access at 256 experts compiled) and the fit pools adjacent violators (``antitonic_pav``). They
+call no other kernel, so they live here rather than in ``kernels.py`` (whose one-file rule is about
+numba's cache missing a callee's edit).
 """
 
 from __future__ import annotations
@@ -36,47 +39,15 @@ def uniform_capacities(total: int, num_layers: int, num_experts: int) -> list[in
     return [base + (1 if l < extra else 0) for l in range(num_layers)]
 
 
-def _antitonic(gains: np.ndarray) -> np.ndarray:
+@kernels.jit
+def antitonic_pav(gains: np.ndarray) -> np.ndarray:
     """Non-increasing least-squares fit of one layer's marginal gains (pool adjacent violators).
 
-    These are the slopes of the least concave majorant of the hit curve, so the greedy below takes
-    a prefix of each layer's slots and is optimal for the concave-hull problem. Blocks are pooled
-    left to right, each pooled value being ``(v1*w1 + v2*w2)/(w1+w2)``. Speed (this runs per layer
-    at every block end): after an element is pushed without pooling, the elements up to the next
-    increase are pushed without pooling too, so they are appended in bulk; only increases and the
-    elements right after a pooling step go through the loop.
+    These are the slopes of the least concave majorant of the hit curve, so the greedy in
+    :func:`allocate_capacities` takes a prefix of each layer's slots and is optimal for the
+    concave-hull problem. Blocks are pooled left to right, each pooled value being
+    ``(v1*w1 + v2*w2)/(w1+w2)``, so the floats depend only on that order.
     """
-    n = gains.size
-    ups = (np.flatnonzero(gains[1:] > gains[:-1]) + 1).tolist()  # elements above their predecessor
-    if not ups:
-        return np.array(gains, dtype=np.float64)
-    ups.append(n)
-    g = gains.tolist()
-    values: list[float] = g[: ups[0]]
-    weights: list[int] = [1] * ups[0]
-    i, nxt = ups[0], 0
-    while i < n:
-        v, w, pooled = g[i], 1, False
-        while values and values[-1] < v:  # the new block violates the order: pool it with the last
-            pv, pw = values.pop(), weights.pop()
-            w_new = pw + w
-            v = (pv * pw + v * w) / w_new
-            w, pooled = w_new, True
-        values.append(v)
-        weights.append(w)
-        i += 1
-        if not pooled:  # top == g[i-1] >= g[i] >= ... up to the next increase: no pooling there
-            while ups[nxt] < i:
-                nxt += 1
-            if ups[nxt] > i:
-                values.extend(g[i : ups[nxt]])
-                weights.extend([1] * (ups[nxt] - i))
-                i = ups[nxt]
-    return np.repeat(values, weights)
-
-
-def _antitonic_pav(gains: np.ndarray) -> np.ndarray:
-    """:func:`_antitonic` as the plain pool-adjacent-violators loop (the same pooled floats), compiled."""
     n = gains.shape[0]
     values = np.empty(n)
     weights = np.empty(n, dtype=np.int64)
@@ -96,14 +67,16 @@ def _antitonic_pav(gains: np.ndarray) -> np.ndarray:
     return np.repeat(values[:top], weights[:top])
 
 
-def _fold_counts(counts: np.ndarray, recency: np.ndarray, hist: np.ndarray, id_bits: int) -> None:
-    """:meth:`AdaptiveAllocator._fold` as an LRU stack walked access by access, compiled.
+@kernels.jit
+def fold_counts(counts: np.ndarray, recency: np.ndarray, hist: np.ndarray, id_bits: int) -> None:
+    """Add ``n`` accesses' LRU stack distances to one layer's histogram, walking the stack access by access.
 
-    ``counts`` is ``[n, E]`` (the stored accesses), ``recency`` the codes before them (replaced by
-    the dense codes after them), ``hist`` the layer's histogram (one row added per access, in
-    order, as the vectorised fold does). The stack lists experts most recent first, so an expert's
-    index is its stack distance; an access moves its experts to the top in decreasing (count, id),
-    the order their codes would have. No code is formed, so none can overflow; the same rows result.
+    ``counts`` is ``[n, E]`` (the stored accesses), ``recency`` the layer's codes before them
+    (``rank * P + id`` for requested experts, rank increasing with recency, ``id - P`` if never
+    requested; P = 2**id_bits >= E), replaced by the codes after them; ``hist`` gets one row added
+    per access, in order, so batching does not change the sums. The stack lists experts most recent
+    first, so an expert's index is its stack distance (``E``: a first request). An access moves its
+    experts to the top in decreasing (count, id), LRU's tie order within one access.
     """
     n, E = counts.shape
     P = np.int64(1) << id_bits
@@ -160,10 +133,6 @@ def _fold_counts(counts: np.ndarray, recency: np.ndarray, hist: np.ndarray, id_b
         recency[e] = (n_seen - 1 - d) * P + e if d < n_seen else e - P
 
 
-antitonic_pav = kernels.jit(_antitonic_pav)
-fold_counts = kernels.jit(_fold_counts)
-
-
 def allocate_capacities(
     total_slots: int,
     num_layers: int,
@@ -196,8 +165,7 @@ def allocate_capacities(
         # proportional split with caps: water-fill a concave gain with equal steps per layer
         gains = w[:, None] / (np.arange(per_layer)[None, :] + 1.0)
     elif d.ndim == 2 and d.shape == (num_layers, num_experts):
-        pav = antitonic_pav if kernels.ENABLED else _antitonic
-        gains = np.stack([pav(np.maximum(d[l, min_slots:], 0.0)) for l in range(num_layers)])
+        gains = np.stack([antitonic_pav(np.maximum(d[l, min_slots:], 0.0)) for l in range(num_layers)])
         if uniform_bias > 0 and per_layer > 0:
             share = total_slots / num_layers - min_slots  # even share, in extra slots
             at_share = gains[:, min(max(int(share), 0), per_layer - 1)]
@@ -243,10 +211,10 @@ class AdaptiveAllocator:
         self.warmup_accesses, self.min_move_fraction = warmup_accesses, min_move_fraction
         self.uniform_bias = uniform_bias
         self._hist = np.zeros((num_layers, num_experts + 1))  # [:, E] = first-time requests
-        self._ids = np.arange(num_experts, dtype=np.int64)
         self._id_bits = max(int(num_experts - 1).bit_length(), 1)  # codes keep the expert id in low bits
-        # recency code of each expert's last request, see _fold (never requested: negative)
-        self._recency = np.tile(self._ids - (1 << self._id_bits), (num_layers, 1))
+        # recency code of each expert's last request, see fold_counts (never requested: id - P < 0)
+        ids = np.arange(num_experts, dtype=np.int64)
+        self._recency = np.tile(ids - (1 << self._id_bits), (num_layers, 1))
         self._accesses = [0] * num_layers  # a list: one increment per access, ~10x cheaper than NumPy's
         # token counts of the accesses not yet folded into the histogram, per layer (rows 0..n-1)
         self._pending = np.zeros((num_layers, self.max_pending, num_experts), dtype=np.int32)
@@ -278,51 +246,15 @@ class AdaptiveAllocator:
                 self._fold(layer)
 
     def _fold(self, layer: int) -> None:
-        """Add the stored accesses of ``layer`` to its histogram, in order.
+        """Add the stored accesses of ``layer`` to its histogram, in order (:func:`fold_counts`).
 
         Per access and requested expert e, the LRU stack distance is the number of experts whose
         last request is more recent than e's (``num_experts`` on a first request). Within one
-        access LRU breaks ties by token count, then id, so a set of n spreads over distances
-        0..n-1. Recency is an integer code, increasing with (access, count, id), with the id in
-        the low bits (``code & mask``): ``(P + a*cb + count) * P + id`` for access a of this batch
-        (P = 2**id_bits >= E, cb > any count), ``rank * P + id`` for earlier requests (rank < E:
-        their order), ``id - P`` if never requested. Codes grow with time, so the state before
-        access a is a running maximum, and sorting it puts e at position ``E - 1 - distance``.
+        access LRU breaks ties by token count, then id, so a set of n spreads over distances 0..n-1.
         """
-        n, E = self._n_pending[layer], self.num_experts
-        counts = self._pending[layer, :n].astype(np.int64)
+        n = self._n_pending[layer]
         self._n_pending[layer] = 0
-        if kernels.ENABLED:
-            fold_counts(counts, self._recency[layer], self._hist[layer], self._id_bits)
-            return
-        P, mask = 1 << self._id_bits, (1 << self._id_bits) - 1
-        req = counts > 0
-        cb = int(counts.max()) + 1
-        row_code = (P + np.arange(n, dtype=np.int64) * cb) * P
-        state = np.empty((n + 1, E), dtype=np.int64)
-        state[0] = self._recency[layer]
-        state[1:] = np.where(req, counts * P + (row_code[:, None] + self._ids), -P - 1)
-        np.maximum.accumulate(state, axis=0, out=state)  # state[a] = recency before access a
-        ranked = np.sort(state[:n], axis=1)  # least recent first
-        req_at = req.ravel()[(ranked & mask) + np.arange(0, n * E, E)[:, None]]  # is the expert there requested?
-        seen_at = ranked >= 0
-        per_access = np.empty((n, E + 1))
-        per_access[:, :E] = (req_at & seen_at)[:, ::-1]  # position j <-> distance E - 1 - j
-        per_access[:, E] = (req_at & ~seen_at).sum(axis=1)
-        hist = self._hist[layer]
-        for row in per_access:  # one addition per access, in order, as a per-access update does
-            hist += row
-        self._recency[layer] = self._dense(state[n])
-
-    def _dense(self, code: np.ndarray) -> np.ndarray:
-        """Recency codes re-based to ``rank * P + id`` (order kept; never requested stay ``id - P``)."""
-        P = 1 << self._id_bits
-        ordered = np.sort(code) & (P - 1)
-        unseen = int(np.count_nonzero(code < 0))
-        dense = self._ids - P
-        seen = ordered[unseen:]
-        dense[seen] = np.arange(self.num_experts - unseen, dtype=np.int64) * P + seen
-        return dense
+        fold_counts(self._pending[layer, :n].astype(np.int64), self._recency[layer], self._hist[layer], self._id_bits)
 
     def target(self) -> list[int]:
         """Capacities maximising the (concave-hull) hits of the observed streams."""

@@ -2,6 +2,8 @@
 
 These functions are the only implementation of those rules; the classes around them
 (``planner.CacheState``, ``policies.oled.OledPolicy``) hold the state arrays and pack arguments.
+The layer allocator's two kernels (the antitonic fit, the stack-distance fold) are ``jit``-ed the
+same way in ``allocation.py``: they call no kernel, so the one-file rule below does not bind them.
 Why kernels: at LLaDA2.0-mini scale a layer access was ~60-80 small NumPy calls of 1-3 us each,
 so the host time was call dispatch, not arithmetic. Here a whole access is two calls:
 ``oled_update`` (the policy) and ``plan_access`` (hits, the copy-vs-CPU split, slots and victims,
@@ -45,7 +47,6 @@ except ImportError:  # pragma: no cover - exercised where numba is missing
 
 COMPILED = (numba is not None and not numba.config.DISABLE_JIT
             and os.environ.get("OLED_HF_KERNELS", "numba") != "numpy")
-ENABLED = COMPILED  # the earlier name (allocation.py's NumPy fallbacks read it)
 MAX_REUSE = 32.0  # cap of a predicted reuse (policies.base re-exports it)
 
 

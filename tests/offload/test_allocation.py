@@ -3,16 +3,23 @@
 import numpy as np
 import pytest
 
-from oled_hf.offload import kernels
+from oled_hf.offload import allocation, kernels
 from oled_hf.offload.allocation import (
     AdaptiveAllocator,
-    _antitonic,
     allocate_capacities,
     antitonic_pav,
+    fold_counts,
     uniform_capacities,
 )
 from oled_hf.sim.replay import replay
 from oled_hf.sim.synthetic import synthetic_trace
+
+compiled_only = pytest.mark.skipif(not kernels.COMPILED, reason="kernels run as Python (nothing to compare)")
+
+
+def py(fn):
+    """The Python function a kernel was compiled from (the kernel itself where nothing is compiled)."""
+    return getattr(fn, "py_func", fn)
 
 
 def test_uniform():
@@ -97,14 +104,15 @@ class _PerAccessHistogram:
         self.accesses[layer] += 1
 
 
-@pytest.mark.parametrize("compiled", [True, False], ids=["kernels", "numpy"])
+@pytest.mark.parametrize("run", ["compiled", "python"])
 @pytest.mark.parametrize("E, max_pending", [(16, 3), (64, 32), (256, 7), (100, 32)])
-def test_batched_histogram_equals_per_access_updates(monkeypatch, E, max_pending, compiled):
+def test_batched_histogram_equals_per_access_updates(monkeypatch, E, max_pending, run):
     """Folding stored accesses in batches (any batch size, any time) gives the bit-identical histogram,
-    compiled (``allocation.fold_counts``) or vectorised in NumPy."""
-    if compiled and not kernels.ENABLED:
-        pytest.skip("kernels disabled")
-    monkeypatch.setattr(kernels, "ENABLED", compiled)
+    with ``fold_counts`` compiled or run as its Python source."""
+    if run == "compiled" and not kernels.COMPILED:
+        pytest.skip("kernels run as Python (the 'python' case covers it)")
+    if run == "python":
+        monkeypatch.setattr(allocation, "fold_counts", py(fold_counts))
     L = 3
     rng = np.random.default_rng(E)
     batched = type("Batched", (AdaptiveAllocator,), {"max_pending": max_pending})
@@ -124,12 +132,42 @@ def test_batched_histogram_equals_per_access_updates(monkeypatch, E, max_pending
     assert np.array_equal(alloc.hist, ref.hist)
 
 
-@pytest.mark.skipif(not kernels.ENABLED, reason="kernels disabled (numba missing or OLED_HF_KERNELS=numpy)")
-def test_compiled_antitonic_fit_is_the_python_one_bit_for_bit():
+@pytest.mark.parametrize("fn", [fold_counts, py(fold_counts)], ids=["kernel", "python"])
+def test_fold_counts_by_hand(fn):
+    """E = 4 (P = 4). Access 1 requests experts 0 (2 tokens) and 1: two first requests; the stack is
+    then [0, 1, ...]. Access 2 requests 1 (distance 1) and 3 (first); ties by id put 3 above 1: the
+    stack is [3, 1, 0, 2]. Access 3 requests 0, at distance 2. Codes after: rank * P + id, unseen id - P."""
+    hist = np.zeros(5)
+    recency = np.arange(4, dtype=np.int64) - 4
+    fn(np.array([[2, 1, 0, 0], [0, 1, 0, 1]], dtype=np.int64), recency, hist, 2)
+    assert hist.tolist() == [0.0, 1.0, 0.0, 0.0, 3.0]
+    assert recency.tolist() == [0, 5, -2, 11]
+    fn(np.array([[1, 0, 0, 0]], dtype=np.int64), recency, hist, 2)
+    assert hist.tolist() == [0.0, 1.0, 1.0, 0.0, 3.0]
+    assert recency.tolist() == [8, 1, -2, 7]  # stack [0, 3, 1, 2]
+
+
+@pytest.mark.parametrize("fn", [antitonic_pav, py(antitonic_pav)], ids=["kernel", "python"])
+def test_antitonic_fit_pools_adjacent_violators(fn):
+    assert fn(np.array([5.0, 3.0, 3.0, 1.0])).tolist() == [5.0, 3.0, 3.0, 1.0]  # already non-increasing
+    assert fn(np.array([3.0, 1.0, 2.0])).tolist() == [3.0, 1.5, 1.5]
+    assert fn(np.array([1.0, 2.0, 3.0])).tolist() == [2.0, 2.0, 2.0]
+    assert fn(np.array([4.0, 0.0, 1.0, 5.0, 0.0])).tolist() == [4.0, 2.0, 2.0, 2.0, 0.0]  # 5 pools with (0, 1)
+    assert fn(np.array([7.0])).tolist() == [7.0]
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        gains = rng.random(int(rng.integers(1, 60)))
+        fit = fn(gains)
+        assert fit.shape == gains.shape and np.all(np.diff(fit) <= 0)
+        assert np.isclose(fit.sum(), gains.sum())  # pooling keeps each block's total
+
+
+@compiled_only
+def test_compiled_antitonic_fit_is_its_python_bit_for_bit():
     rng = np.random.default_rng(5)
     for trial in range(300):
         n = int(rng.integers(1, 300))
         gains = rng.integers(0, 6, n).astype(np.float64) * rng.choice([0.8, 1.0, 0.64])  # plateaus and ties
         if trial % 2:
             gains = np.sort(gains)[::-1] + rng.random(n) * 0.1  # mostly decreasing, small violations
-        assert np.array_equal(antitonic_pav(gains), _antitonic(gains)), trial
+        assert np.array_equal(antitonic_pav(gains), py(antitonic_pav)(gains)), trial
