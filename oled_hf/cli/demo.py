@@ -84,12 +84,13 @@ class BlockPrinter:
 
 
 def default_demo_model() -> Path | None:
-    """The long-answer toy (answers over several blocks, the workload offloading is for), if installed."""
+    """The deep long-answer toy (8 MoE layers, answers over several blocks, hesitating by choice: the
+    workload offloading is for), else the 3-MoE-layer one, if installed."""
     try:
-        from ..toy.long import LONG_CHECKPOINT
+        from ..toy.long import DEEP_CHECKPOINT, LONG_CHECKPOINT
     except ImportError:
         return default_model_path()
-    return Path(LONG_CHECKPOINT)
+    return Path(DEEP_CHECKPOINT if (Path(DEEP_CHECKPOINT) / "config.json").is_file() else LONG_CHECKPOINT)
 
 
 def _decoding(path: Path, args: argparse.Namespace) -> tuple[int | None, float | None]:

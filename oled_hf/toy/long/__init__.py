@@ -8,6 +8,7 @@ iterations each: the routing traces retention policies are meant for. New models
 --preset deep``: 8 MoE layers) train on ``tasks.DEFAULT_TASKS``, which adds tasks with many right
 answers (``open_tasks.py``) so that decoding hesitates by choice. A checkpoint's report names its
 mix (:func:`load_mix`); ``python -m oled_hf.toy.long.evaluate [CHECKPOINT]`` prints its figures.
+``DEEP_CHECKPOINT`` is the shipped deep model (8 MoE layers, ``DEFAULT_TASKS``), ``oled_hf/toy/deep``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 from pathlib import Path
 
 LONG_CHECKPOINT = Path(__file__).resolve().parent / "checkpoint"
+DEEP_CHECKPOINT = Path(__file__).resolve().parents[1] / "deep" / "checkpoint"
 REPORT_NAME = "long_report.json"
 
 
@@ -36,4 +38,4 @@ def demo_prompts(n_per_task: int = 1) -> list[str]:
     return [p.question for spec in load_mix() for p in heldout_problems(spec, n_per_task)]
 
 
-__all__ = ["LONG_CHECKPOINT", "REPORT_NAME", "demo_prompts", "load_mix"]
+__all__ = ["DEEP_CHECKPOINT", "LONG_CHECKPOINT", "REPORT_NAME", "demo_prompts", "load_mix"]
