@@ -11,6 +11,9 @@
   distinct experts per iteration), the static share ``s^2 / (s^2 + d^2)`` (sets the popularity skew, the
   share of routes served by the layer's top 10% experts) and the block carry (sets the adjacent-iteration
   overlap across a block boundary);
+* **set statistics, per layer** (``refine_sets``): the same four-way bisection on generated one-layer traces of
+  the recorded shape (decoder included), adding the mask component's scale, solved for the activation cosine
+  across a block boundary (masked tokens share experts that decoded ones do not);
 * **route persistence per token state** (decoded, committed, masked by confidence bin) and the predicted
   routes' accuracy, per layer: inverted through a table of persistence against the noise carry.
 
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -202,15 +205,19 @@ def fit_layer(distinct: float, across: float, skew: float, E: int, k: int, B: in
 CARRY_GRID = np.concatenate([np.linspace(0.0, 0.9, 19), np.linspace(0.91, 1.0, 10)])
 
 
-def persistence_table(s: float, d: float, E: int, k: int, tokens: int = 1024, seed: int = 0) -> np.ndarray:
-    """Route persistence (share of top-k kept) at each carry of ``CARRY_GRID``, for one layer's scales."""
+def persistence_table(s: float, d: float, E: int, k: int, tokens: int = 1024, seed: int = 0,
+                      before: float = 0.0, after: float = 0.0) -> np.ndarray:
+    """Route persistence (share of top-k kept) at each carry of ``CARRY_GRID``, for one layer's scales and the mask
+    component's scale before and after the step (a masked token: a, a; a commit: a, 0; decoded: 0, 0)."""
     rng = np.random.default_rng([seed, 4])
-    shared = s * rng.normal(size=(1, E)) + d * rng.normal(size=(tokens, E))
+    g, bm, mc = rng.normal(size=(1, E)), rng.normal(size=(tokens, E)), rng.normal(size=(tokens, E))
+    shared = s * g + d * bm + before * mc
+    after_ = s * g + d * bm + after * mc
     eps, fresh = rng.normal(size=(tokens, E)), rng.normal(size=(tokens, E))
     a = np.argpartition(-(shared + eps), k - 1, axis=-1)[:, :k]
     out = []
     for c in CARRY_GRID:
-        b = np.argpartition(-(shared + c * eps + math.sqrt(max(1 - c * c, 0.0)) * fresh), k - 1, axis=-1)[:, :k]
+        b = np.argpartition(-(after_ + c * eps + math.sqrt(max(1 - c * c, 0.0)) * fresh), k - 1, axis=-1)[:, :k]
         out.append((a[:, :, None] == b[:, None, :]).any(-1).mean())
     return np.maximum.accumulate(np.asarray(out))
 
@@ -220,12 +227,104 @@ def invert(table: np.ndarray, target: float) -> float:
     return float(np.interp(target, table, CARRY_GRID))
 
 
+def fit_carry(pers: dict, scales: list[tuple[float, float, float]], mask: list[float], E: int,
+              k: int) -> dict[str, list[float]]:
+    """Per token state and layer: the noise carry whose persistence is the recorded one (masked tokens also carry
+    the mask component, scale ``mask[l]``, which a commit drops); an empty confidence bin borrows its nearest."""
+    tabs = {kind: [persistence_table(s, d, E, k, before=a if kind != "decoded" else 0.0,
+                                     after=a if kind == "masked" else 0.0) for (s, d, _), a in zip(scales, mask)]
+            for kind in ("decoded", "committed", "masked")}
+    labels = state_labels(CONFIDENCE_BINS)
+    masked_labels = [x for x in labels if x not in STATES]
+    carry: dict[str, list[float]] = {}
+    for label in labels:
+        per_layer = pers[label]["per_layer"]
+        if all(v is None for v in per_layer):
+            near = min((x for x in masked_labels if pers[x]["per_layer"][0] is not None),
+                       key=lambda x: abs(masked_labels.index(x) - masked_labels.index(label))
+                       if label in masked_labels else 0)
+            per_layer = pers[near]["per_layer"]
+        tab = tabs[label if label in STATES else "masked"]
+        carry[label] = [invert(tab[l], v if v is not None else 0.5) for l, v in enumerate(per_layer)]
+    return carry
+
+
+def fit_predict(acc: list[float | None], scales: list[tuple[float, float, float]], E: int, k: int,
+                mask: list[float] | None = None, masked_share: float = 0.0) -> list[float] | None:
+    """Per layer: the carry of the predicted routes' noise that gives the recorded prediction accuracy (its table
+    averaged over masked tokens, with the mask component, and decoded ones, by their share of denoised rows)."""
+    if all(a is None for a in acc):
+        return None
+    mask = [0.0] * len(acc) if mask is None else mask
+    out = []
+    for (s, d, _), a, m in zip(scales, acc, mask):
+        table = ((1 - masked_share) * persistence_table(s, d, E, k)
+                 + masked_share * persistence_table(s, d, E, k, before=m, after=m))
+        out.append(1.0 if a is None else invert(np.maximum.accumulate(table), a))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ set statistics
+def layer_targets(trace: Trace) -> dict[str, list[float]]:
+    """Per layer, the set statistics ``refine_sets`` matches: distinct experts per step, overlap and activation
+    cosine across a block boundary, top-10% share."""
+    st = routing_stats(trace)
+    mean = [float(np.mean(v)) if len(v) else float("nan") for v in st.cosine_across]
+    return {"distinct": [float(np.mean(v)) for v in st.distinct], "across": [float(np.mean(v)) if len(v) else 0.5
+                                                                            for v in st.across],
+            "cosine across": mean, "skew": top_share(trace)}
+
+
+def _one_layer(p: SynthParams, l: int) -> SynthParams:
+    return replace(p, num_layers=1, popularity_scale=p.popularity_scale[l:l + 1], block_scale=p.block_scale[l:l + 1],
+                   block_carry=p.block_carry[l:l + 1], carry={s: v[l:l + 1] for s, v in p.carry.items()},
+                   predict_carry=None, mask_scale=None if p.mask_scale is None else p.mask_scale[l:l + 1])
+
+
+def _layer_stat(p: SynthParams, l: int, shape: TraceShape, name: str, t: float, phi: float, rho: float,
+                a: float) -> float:
+    """One statistic of layer ``l`` on a one-layer trace generated with these (t, phi, rho, mask scale)."""
+    from .synthetic import generate
+
+    q = _one_layer(p, l)
+    q.popularity_scale, q.block_scale = [t * math.sqrt(phi)], [t * math.sqrt(1 - phi)]
+    q.block_carry, q.mask_scale = [rho], [a]
+    return layer_targets(generate(q, shape, seed=17))[name][0]
+
+
+def refine_sets(p: SynthParams, shape: TraceShape, targets: dict[str, list[float]], pers: dict,
+                rounds: int = 2, steps: int = 9) -> None:
+    """Per layer, on generated one-layer traces of the recorded shape (the decoder included, which route_stats
+    leaves out): coordinate bisection of the shared scale (distinct experts), static share (skew), block carry
+    (overlap across blocks) and mask scale (activation cosine across blocks); the carries are re-solved after
+    each round. In place."""
+    L, E, k = p.num_layers, p.num_experts, p.top_k
+    p.mask_scale = [0.0] * L if p.mask_scale is None else list(p.mask_scale)
+    for l in range(L):
+        if math.isnan(targets["cosine across"][l]):
+            continue
+        t = math.hypot(p.popularity_scale[l], p.block_scale[l])
+        phi, rho, a = p.popularity_scale[l] ** 2 / max(t * t, 1e-12), p.block_carry[l], p.mask_scale[l]
+        for _ in range(rounds):
+            a = _bisect(lambda x, t=t, f=phi, r=rho, i=l: _layer_stat(p, i, shape, "cosine across", t, f, r, x),
+                        targets["cosine across"][l], 0.0, 6.0, False, steps)
+            t = _bisect(lambda x, f=phi, r=rho, a=a, i=l: _layer_stat(p, i, shape, "distinct", x, f, r, a),
+                        targets["distinct"][l], 0.0, 8.0, False, steps)
+            phi = _bisect(lambda x, t=t, r=rho, a=a, i=l: _layer_stat(p, i, shape, "skew", t, x, r, a),
+                          targets["skew"][l], 0.0, 1.0, True, steps)
+            rho = _bisect(lambda x, t=t, f=phi, a=a, i=l: _layer_stat(p, i, shape, "across", t, f, x, a),
+                          targets["across"][l], 0.0, 0.999, True, steps)
+        p.popularity_scale[l], p.block_scale[l] = t * math.sqrt(phi), t * math.sqrt(1 - phi)
+        p.block_carry[l], p.mask_scale[l] = rho, a
+    p.carry = fit_carry(pers, list(zip(p.popularity_scale, p.block_scale, p.block_carry)), p.mask_scale, E, k)
+
+
 # ------------------------------------------------------------------------------------------------ the fit
 def _fill(values: list[float | None], fallback: float) -> list[float]:
     return [fallback if v is None else float(v) for v in values]
 
 
-def fit(trace: Trace, source: str = "") -> SynthParams:
+def fit(trace: Trace, source: str = "", refine: bool = True) -> SynthParams:
     """Estimate the generator's parameters from a recorded trace (see the module docstring)."""
     h, L, E = trace.header, trace.num_layers, trace.num_experts
     k, B = int(h["top_k"]), int(h["block_length"])
@@ -245,32 +344,26 @@ def fit(trace: Trace, source: str = "") -> SynthParams:
     across = _fill(stats["overlap_across_blocks"]["per_layer"], 0.5)
     skew = top_share(trace)
     scales = [fit_layer(distinct[l], across[l], skew[l], E, k, B) for l in range(L)]
-    tables = [persistence_table(s, d, E, k) for s, d, _ in scales]
-    labels = state_labels(CONFIDENCE_BINS)
     pers = stats["persistence_by_state"]
-    masked_labels = [x for x in labels if x not in STATES]
-    carry: dict[str, list[float]] = {}
-    for label in labels:
-        per_layer = pers[label]["per_layer"]
-        if all(v is None for v in per_layer):  # an empty bin: its nearest non-empty masked bin
-            near = min((x for x in masked_labels if pers[x]["per_layer"][0] is not None),
-                       key=lambda x: abs(masked_labels.index(x) - masked_labels.index(label))
-                       if label in masked_labels else 0)
-            per_layer = pers[near]["per_layer"]
-        carry[label] = [invert(tables[l], v if v is not None else 0.5) for l, v in enumerate(per_layer)]
+    carry = fit_carry(pers, scales, [0.0] * L, E, k)
     acc = prediction_accuracy(trace)
-    predict = None if all(a is None for a in acc) else [1.0 if a is None else invert(tables[l], a)
-                                                         for l, a in enumerate(acc)]
     params = SynthParams(
         num_layers=L, num_experts=E, top_k=k, block_length=B, popularity_scale=[s for s, _, _ in scales],
         block_scale=[d for _, d, _ in scales], block_carry=[r for _, _, r in scales], carry=carry,
-        predict_carry=predict, threshold=thr, sure_alpha=alpha, sure_beta=beta, hazard=0.1,
+        predict_carry=fit_predict(acc, scales, E, k), threshold=thr, sure_alpha=alpha, sure_beta=beta, hazard=0.1,
         conf_alpha=max(um * uc, 0.05), conf_beta=max((1 - um) * uc, 0.05), conf_jitter=jitter,
         hidden_size=int(h.get("hidden_size") or 0), moe_intermediate_size=int(h.get("moe_intermediate_size") or 0),
         dtype_bytes=int(h.get("dtype_bytes", 2)), source=source or "fitted",
         targets={"distinct_per_iteration": distinct, "overlap_across_blocks": across, "top10_share": skew,
                  "prediction_accuracy": acc, **sched.summary()})
     params.hazard = fit_hazard(params, sched)
+    if refine:
+        refine_sets(params, trace_shape(trace), layer_targets(trace), pers)
+        params.targets["activation_cosine_across_blocks"] = layer_targets(trace)["cosine across"]
+        masked = sum(v["tokens"] for key, v in pers.items() if key != "decoded")
+        params.predict_carry = fit_predict(acc, list(zip(params.popularity_scale, params.block_scale,
+                                                         params.block_carry)), E, k, params.mask_scale,
+                                           masked / max(masked + pers["decoded"]["tokens"], 1))
     return params
 
 

@@ -146,6 +146,11 @@ class SynthParams:
     expert identities), b_l a block component (carried between the blocks of a sequence with correlation
     ``block_carry[l]``) and eps the token's own noise, carried from iteration i to i+1 with correlation
     ``carry[state][l]`` by the token's state at i (``STATES`` + the masked confidence bins of routing_stats).
+    Masked tokens add ``mask_scale[l] * m_l``, a mask component of their own (carried between blocks like b_l;
+    None = 0). Recorded traces need it: masked tokens of a step share experts (6 of them route to 18-30
+    distinct experts where 6 decoded ones route to 27-31) and their counts have cosine about 0.2 with the
+    decoded tokens' of the same step, so a token that commits leaves the experts the block's masked tokens share,
+    and the last step of a block (mostly decoded) shares few heavy experts with the next block's first (masked).
     Predicted next-layer routes use ``predict_carry[l] * eps + fresh``. Decoder: per block a share p ~
     Beta(sure_alpha, sure_beta) of its masked positions is sure (commits at once); each later iteration each
     unsure position becomes sure with probability ``hazard``; an iteration with no sure position commits the most
@@ -161,6 +166,7 @@ class SynthParams:
     block_carry: list[float]
     carry: dict[str, list[float]]
     predict_carry: list[float] | None = None
+    mask_scale: list[float] | None = None
     threshold: float = 0.95
     sure_alpha: float = 1.0
     sure_beta: float = 1.0
@@ -275,34 +281,39 @@ def generate(params: SynthParams, shape: TraceShape, seed: int = 0,
     rho = np.asarray(p.block_carry, dtype=np.float64).reshape(L, 1, 1)
     carry = state_carry(p, bins)  # [states, L]
     pc = None if p.predict_carry is None else np.asarray(p.predict_carry, dtype=np.float64).reshape(L, 1, 1)
+    a = np.zeros((L, 1, 1)) if p.mask_scale is None else np.asarray(p.mask_scale, dtype=np.float64).reshape(L, 1, 1)
+    brng = np.random.default_rng([seed, 6])  # the mask component's own stream: mask_scale 0 leaves the rest as it was
     writer = TraceWriter(L, E, k, B, hidden_size=p.hidden_size, moe_intermediate_size=p.moe_intermediate_size,
                          dtype_bytes=p.dtype_bytes, model=f"synthetic ({p.source})" if p.source else "synthetic",
                          decoding={"threshold": p.threshold, "seed": seed})
     writer.header["batch_size"] = shape.batch
 
-    def forward(kind: str, block: int, it: int, blk: np.ndarray, eps: np.ndarray) -> None:
-        ids, w = _routes(s * g + d * blk + eps, k)
+    def forward(kind: str, block: int, it: int, shared: np.ndarray, eps: np.ndarray) -> None:
+        ids, w = _routes(shared + eps, k)
         pred = None
         if pc is not None:
             mixed = pc * eps + np.sqrt(1 - pc ** 2) * rng.normal(size=eps.shape)
-            pids, pw = _routes(s * g + d * blk + mixed, k)
+            pids, pw = _routes(shared + mixed, k)
             pred = ([None] + list(pids[1:]), [None] + list(pw[1:]))
         writer.add_forward(kind, block, it, list(ids), list(w), pred)
 
     for n, seq in enumerate(shape.sequences):
         writer.begin_sequence(n)
-        blk = rng.normal(size=(L, 1, E))
-        forward("prefill", -1, -1, blk, rng.normal(size=(L, seq.prompt_rows, E)))
+        blk, mcomp = rng.normal(size=(L, 1, E)), brng.normal(size=(L, 1, E))
+        forward("prefill", -1, -1, s * g + d * blk, rng.normal(size=(L, seq.prompt_rows, E)))
         for i, (block, masked_rows, refresh) in enumerate(seq.blocks):
             if i:
                 blk = rho * blk + np.sqrt(1 - rho ** 2) * rng.normal(size=blk.shape)
+                mcomp = rho * mcomp + np.sqrt(1 - rho ** 2) * brng.normal(size=mcomp.shape)
+            shared = s * g + d * blk
+            shared_m = shared + a * mcomp
             masked = np.concatenate([np.arange(B) >= B - m for m in masked_rows])
             tokens = np.where(masked, -1, rng.integers(0, 1000, size=masked.shape))
             eps = rng.normal(size=(L, masked.shape[0], E))
             writer.on_block_start(block, torch.from_numpy(tokens.reshape(shape.batch, B)))
             dec, it = _Decoder(p, rng, masked, shape.batch), 0
             while dec.masked.any():
-                forward("denoise", block, it, blk, eps)
+                forward("denoise", block, it, np.where(dec.masked[None, :, None], shared_m, shared), eps)
                 start, conf, commit = dec.step()
                 tokens[commit] = rng.integers(0, 1000, size=int(commit.sum()))
                 writer.on_iteration(IterationEvent(block, it, *(torch.from_numpy(x.reshape(shape.batch, B).copy())
@@ -312,6 +323,6 @@ def generate(params: SynthParams, shape: TraceShape, seed: int = 0,
                 eps = c * eps + np.sqrt(np.maximum(1 - c ** 2, 0.0)) * rng.normal(size=eps.shape)
                 it += 1
             if refresh:
-                forward("refresh", block, it, blk, eps)
+                forward("refresh", block, it, shared, eps)
             writer.on_block_end(block, torch.from_numpy(tokens.reshape(shape.batch, B).copy()))
     return writer.trace()

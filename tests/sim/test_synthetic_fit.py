@@ -35,7 +35,7 @@ def test_fit_recovers_the_generating_parameters(fitted):
             math.hypot(p.popularity_scale[l], p.block_scale[l]), rel=0.15)
         assert abs(q.block_carry[l] - p.block_carry[l]) < 0.2
         assert abs(q.carry["decoded"][l] - p.carry["decoded"][l]) < 0.03
-        assert abs(q.carry["committed"][l] - 0.3) < 0.15
+        assert abs(q.carry["committed"][l] - 0.3) < 0.2  # 0.2: a small fitted mask component moves it
     assert abs(q.predict_carry[1] - 0.8) < 0.1
     assert abs(q.hazard - p.hazard) < 0.08
     assert q.sure_alpha / (q.sure_alpha + q.sure_beta) == pytest.approx(1.0 / 1.6, abs=0.1)
@@ -52,6 +52,31 @@ def test_regenerated_statistics_match_the_fitted_ones(fitted):
                      ("top-10% expert share (skew)", 0.12)):
         assert np.mean(b[key]) == pytest.approx(np.mean(a[key]), rel=tol)
     assert b["persistence: decoded"] == pytest.approx(a["persistence: decoded"], abs=0.03)
+
+
+def test_mask_component_and_set_statistics_are_reproduced():
+    """A workload whose masked tokens share a mask component: the fit finds it (the activation cosine across a
+    block boundary is its target) and the regenerated trace has the recorded set-level statistics (cosine across
+    blocks to 15%: only 48 block boundaries per layer here, and the fit's own trace has another seed)."""
+    p = truth()
+    p.mask_scale = [1.5, 0.8]
+    trace = generate(p, TraceShape.uniform(24, 3, B), seed=3)
+    q = sf.fit(trace)
+    assert q.mask_scale[0] == pytest.approx(1.5, abs=0.5) and q.mask_scale[1] == pytest.approx(0.8, abs=0.5)
+    a, b = sf.describe(trace), sf.describe(generate(q, sf.trace_shape(trace), seed=4))
+    for key, tol in (("activation ratio per block", 0.06), ("overlap within block", 0.04),
+                     ("activation cosine within block", 0.04), ("activation cosine across blocks", 0.15),
+                     ("distinct experts per iteration", 0.05), ("overlap across blocks", 0.08)):
+        assert np.mean(b[key]) == pytest.approx(np.mean(a[key]), rel=tol), key
+
+
+def test_no_mask_component_leaves_generate_as_it_was():
+    """mask_scale None and 0 give the same trace (its stream is separate), so older parameter files still hold."""
+    p = truth()
+    a = generate(p, TraceShape.uniform(2, 2, B), seed=5)
+    p.mask_scale = [0.0, 0.0]
+    b = generate(p, TraceShape.uniform(2, 2, B), seed=5)
+    assert np.array_equal(a.arrays["topk_ids"], b.arrays["topk_ids"])
 
 
 def test_trace_shape_is_the_skeleton_generate_used():
