@@ -66,7 +66,8 @@ def add_serving_model_arguments(p: argparse.ArgumentParser, max_model_len: bool 
                    f"{' and '.join(REPLAY_ONLY_POLICIES)} work only in trace replay")
     p.add_argument("--offload-system", default=None, type=live_system, metavar="SYSTEM",
                    help="the offloading system by its parts, e.g. lru+cpu+reuse+adaptive, or a preset such as "
-                        "lru-full or hybrimoe (with --cache-size or --cache-ratio; instead of --policy)")
+                        "lru-full or hybrimoe (with --cache-size or --cache-ratio; instead of --policy; default: "
+                        "none, the policy's system)")
     p.add_argument("--cache-ratio", type=float, default=None, metavar="RATIO",
                    help="offload experts, keeping this fraction (0 < RATIO <= 1) of the routed-expert bytes on the "
                         "device (default: off; give this or --cache-size)")

@@ -4,8 +4,8 @@ disarmed by the next block's first access."""
 import numpy as np
 import pytest
 import torch
-
 from oled_hf.modeling.events import IterationEvent
+
 from oled_hf.offload.policies.phase import KEEP_FIRST, PhasePolicy, StartMemory
 
 

@@ -32,7 +32,8 @@ def test_report_writes_markdown_and_plots(tmp_path):
     for heading in ("## Traces", "### Headline", "## (c) Ablation", "## (d) Block length", "## (e) Batch size",
                     "## (f) PCIe", "## (g) Planner", "## (h) Mis-calibration", "3 MoE layers x 16 experts",
                     "x bound", "physical bound", "strongest fair system", "Target (2x errors)", "| physical bound |",
-                    "## (i) Oracle ladder", "# OLED-MoE evaluation on synthetic traces", "| synthetic | 8 | 1 |", "### syn-b16-bs1 (3 MoE layers x 16)", "Pure caching (`copy+uniform`)"):
+                    "## (i) Oracle ladder", "# OLED-MoE evaluation on synthetic traces", "| synthetic | 8 | 1 |",
+                    "### syn-b16-bs1 (3 MoE layers x 16)", "Pure caching (`copy+uniform`)"):
         assert heading in md, heading
     for name in ("mixtral-offloading", "ktransformers", "moe-infinity+cpu", "lru-full", "lfu-full",
                  "+ confidence retention", "+ reuse-aware compensation", "16 GB/s", "block=16", "batch=2",
