@@ -45,7 +45,8 @@ CPU_TIMES_NOTE = ("  on a CPU the offloaded runs are not expected to be faster: 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="offloaded experts vs full residency: memory, hits, identical tokens, times")
     p.add_argument("--model", default=None,
-                   help=f"{MODEL_HELP} (default: the shipped long-answer toy, oled_hf/toy/long/checkpoint)")
+                   help=f"{MODEL_HELP} (default: the shipped deep long-answer toy, oled_hf/toy/deep/checkpoint, where "
+                        "installed, else oled_hf/toy/long/checkpoint)")
     add_device_argument(p)
     p.add_argument("--prompt", action="append",
                    help="prompt (repeatable; default: held-out questions of the tasks the toy solves, "
