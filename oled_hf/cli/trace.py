@@ -48,11 +48,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     y.add_argument("--out", required=True, help="trace file to write")
     y.add_argument("--overwrite", action="store_true", help="replace an existing --out / --save-params file")
     src = y.add_mutually_exclusive_group()
-    src.add_argument("--fit", default=None, metavar="TRACE", help="fit the generator to this recorded trace")
+    src.add_argument("--fit", default=None, metavar="TRACE",
+                     help="fit the generator to this recorded trace (default: none)")
     src.add_argument("--like", default=None, metavar="NAME",
-                     help="a published model's workload: llada2.0-mini or llada2.0-flash")
-    src.add_argument("--params", default=None, metavar="JSON", help="parameters saved by --save-params")
-    y.add_argument("--save-params", default=None, metavar="JSON", help="write the generator's parameters here")
+                     help="a published model's workload: llada2.0-mini or llada2.0-flash (default: none)")
+    src.add_argument("--params", default=None, metavar="JSON", help="parameters saved by --save-params (default: none)")
+    y.add_argument("--save-params", default=None, metavar="JSON",
+                   help="write the generator's parameters here (default: not written)")
     y.add_argument("--layers", type=int, default=None, help="MoE layers (plain generator; default 19)")
     y.add_argument("--experts", type=int, default=None, help="routed experts per layer (plain generator; default 256)")
     y.add_argument("--top-k", type=int, default=None, help="experts per token (plain generator; default 8)")
