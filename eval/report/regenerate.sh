@@ -24,15 +24,20 @@ DEV=$T/dev/deep-b16-bs1.trace
 for f in $LONG $T/dev/long-b16-bs1.trace; do
   if [ ! -f "$f" ]; then LONG_ONLY=1 eval/record_traces.sh "$T" $LONG_MODEL; break; fi
 done
-for f in $DEEP $DEV; do
-  if [ ! -f "$f" ]; then LONG_ONLY=1 LONG_LABEL=deep LONG_EXTRA=0 eval/record_traces.sh "$T" $DEEP_MODEL; break; fi
-done
+MAIN=deep-b16-bs1
+if [ -f $DEEP_MODEL/config.json ]; then
+  for f in $DEEP $DEV; do
+    if [ ! -f "$f" ]; then LONG_ONLY=1 LONG_LABEL=deep LONG_EXTRA=0 eval/record_traces.sh "$T" $DEEP_MODEL; break; fi
+  done
+else  # a clone without the deep toy: the long toy's traces lead
+  DEEP="" DEV=$T/dev/long-b16-bs1.trace MAIN=long-b16-bs1
+fi
 if [ ! -f "$MINI" ]; then
   "$MOE" trace synth --like llada2.0-mini --out "$MINI" --seed 1
 fi
 # predictor quality on the headline recorded trace (section (i) links the figure)
-"$PY" eval/predictor_quality.py --dev "$DEV" "$H/deep-b16-bs1.trace" --out eval/report/i_predictors.png \
+"$PY" eval/predictor_quality.py --dev "$DEV" "$H/$MAIN.trace" --out eval/report/i_predictors.png \
     --overwrite > eval/report/i_predictors.txt
 # shellcheck disable=SC2086
-"$MOE" report $DEEP $MINI $LONG --dev "$DEV" --main deep-b16-bs1 --out eval/report --sizes 15 25 40 100 \
+"$MOE" report $DEEP $MINI $LONG --dev "$DEV" --main $MAIN --out eval/report --sizes 15 25 40 100 \
     --as-model llada2.0-mini --planner-us 20 --overwrite
