@@ -8,7 +8,8 @@ layer, runs lm-eval's ``toy_addition`` through ``oled_llada2`` and compares ever
 with the fully resident model. Default data: the committed 500 held-out problems
 (eval/tasks/toy_addition/data); ``--full`` writes and uses the complete held-out split (~25k).
 ``--long`` checks the long-answer toy (oled_hf/toy/long/checkpoint) on its four lm-eval tasks
-(long_reverse_labeled, long_spell_labeled, long_count, long_add) at 10% and 40% of routed-expert bytes.
+(long_reverse_labeled, long_spell_labeled, long_count, long_add) at 10% and 40% of routed-expert bytes;
+with ``--model`` (the deep toy, oled_hf/toy/deep/checkpoint), on the tasks of that model's own mix.
 Exit status 1 when any row differs.
 """
 
@@ -64,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--full is for the 3-digit toy; the long tasks ship their 200 held-out problems each")
     if args.model:
         model = args.model
+        if args.long:  # the lm-eval tasks of the model's own mix (the deep toy's differ from the shipped long toy's)
+            from oled_hf.toy.long import load_mix
+
+            tasks = tuple(f"long_{spec.name}" for spec in load_mix(model))
     elif args.long:
         model = str(LONG_CHECKPOINT)
     else:
