@@ -8,7 +8,8 @@ iterations each: the routing traces retention policies are meant for. New models
 --preset deep``: 8 MoE layers) train on ``tasks.DEFAULT_TASKS``, which adds tasks with many right
 answers (``open_tasks.py``) so that decoding hesitates by choice. A checkpoint's report names its
 mix (:func:`load_mix`); ``python -m oled_hf.toy.long.evaluate [CHECKPOINT]`` prints its figures.
-``DEEP_CHECKPOINT`` is the shipped deep model (8 MoE layers, ``DEFAULT_TASKS``), ``oled_hf/toy/deep``.
+``DEEP_CHECKPOINT`` is the deep model (8 MoE layers, ``DEFAULT_TASKS``), ``oled_hf/toy/deep``: in a clone of
+the repository only (54 MB; the wheel ships the two smaller toys).
 """
 
 from __future__ import annotations
