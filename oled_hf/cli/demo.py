@@ -45,8 +45,8 @@ CPU_TIMES_NOTE = ("  on a CPU the offloaded runs are not expected to be faster: 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="offloaded experts vs full residency: memory, hits, identical tokens, times")
     p.add_argument("--model", default=None,
-                   help=f"{MODEL_HELP} (default: the shipped deep long-answer toy, oled_hf/toy/deep/checkpoint, where "
-                        "installed, else oled_hf/toy/long/checkpoint)")
+                   help=f"{MODEL_HELP} (default: the deep long-answer toy, oled_hf/toy/deep/checkpoint, once its "
+                        "report shows every task solved, else oled_hf/toy/long/checkpoint)")
     add_device_argument(p)
     p.add_argument("--prompt", action="append",
                    help="prompt (repeatable; default: held-out questions of the tasks the toy solves, "
@@ -85,13 +85,24 @@ class BlockPrinter:
 
 
 def default_demo_model() -> Path | None:
-    """The deep long-answer toy (8 MoE layers, answers over several blocks, hesitating by choice: the
-    workload offloading is for), else the 3-MoE-layer one, if installed."""
+    """The deep long-answer toy (8 MoE layers, hesitating by choice: the workload offloading is for) once
+    its held-out report shows every task solved, else the 3-MoE-layer one, if installed."""
     try:
-        from ..toy.long import DEEP_CHECKPOINT, LONG_CHECKPOINT
+        from ..toy.long import DEEP_CHECKPOINT, LONG_CHECKPOINT, REPORT_NAME
     except ImportError:
         return default_model_path()
-    return Path(DEEP_CHECKPOINT if (Path(DEEP_CHECKPOINT) / "config.json").is_file() else LONG_CHECKPOINT)
+    return Path(DEEP_CHECKPOINT if _all_solved(Path(DEEP_CHECKPOINT) / REPORT_NAME) else LONG_CHECKPOINT)
+
+
+def _all_solved(report_path: Path) -> bool:
+    try:
+        report = json.loads(report_path.read_text())
+    except (OSError, ValueError):
+        return False
+    gen_path = report_path.parent / "generation_config.json"
+    gen = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
+    entry = heldout_entry(report, gen.get("block_length"), gen.get("threshold"))
+    return entry is not None and not solved_tasks(entry)[1]
 
 
 def _decoding(path: Path, args: argparse.Namespace) -> tuple[int | None, float | None]:

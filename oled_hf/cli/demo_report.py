@@ -33,10 +33,13 @@ def heldout_entry(report: dict, block_length: int | None, threshold: float | Non
 
 
 def solved_tasks(entry: dict, solved_at: float = SOLVED_AT) -> tuple[list[str], dict[str, float]]:
-    """``(solved task names, {unsolved name: exact match})`` of one held-out evaluation, in its order."""
+    """``(solved task names, {unsolved name: accuracy})`` of one held-out evaluation, in its order.
+
+    Accuracy is the checker's pass rate for a task with many right answers (its exact match against
+    the one reference drawn is no score), exact match otherwise (reports before checkers: exact match)."""
     solved, unsolved = [], {}
     for task in entry.get("tasks", []):
-        name, em = task["task"], float(task["exact_match"])
+        name, em = task["task"], float(task.get("accuracy", task["exact_match"]))
         if em >= solved_at:
             solved.append(name)
         else:

@@ -134,3 +134,28 @@ def test_check_mark_knows_the_tasks():
     assert check_mark("Reverse 123", "321") == "  (right)"
     assert check_mark("Count 3 terms from 5 by 2", "5,7,8") == "  (wrong)"
     assert check_mark("Tell me about the sea.", "waves") == ""
+
+
+def test_the_demo_switches_to_the_deep_toy_only_when_every_task_is_solved(tmp_path, monkeypatch):
+    """Open tasks count by their checker's pass rate (their exact match against one drawn answer is no score)."""
+    import json
+
+    import oled_hf.toy.long as long
+    from oled_hf.cli import demo
+
+    deep = tmp_path / "deep"
+    deep.mkdir()
+    (deep / "generation_config.json").write_text(json.dumps({"block_length": 16, "threshold": 0.95}))
+
+    def report(accuracy):
+        tasks = [{"task": "reverse_labeled", "exact_match": 1.0, "accuracy": 1.0},
+                 {"task": "climb", "exact_match": 0.0, "accuracy": accuracy}]
+        (deep / long.REPORT_NAME).write_text(json.dumps(
+            {"heldout": {"results": [{"block_length": 16, "threshold": 0.95, "tasks": tasks}]}}))
+
+    monkeypatch.setattr(long, "DEEP_CHECKPOINT", deep)
+    assert demo.default_demo_model() == long.LONG_CHECKPOINT  # no report yet
+    report(0.40)
+    assert demo.default_demo_model() == long.LONG_CHECKPOINT
+    report(0.95)
+    assert demo.default_demo_model() == deep
