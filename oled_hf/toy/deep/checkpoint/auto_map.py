@@ -1,0 +1,81 @@
+"""What a checkpoint folder needs so that ``trust_remote_code=True`` runs this model on its own.
+
+Every checkpoint the project writes carries the files of this folder verbatim (``CODE_FILES``),
+as the official LLaDA2 repos carry theirs: a Hub user with only torch and transformers installed
+gets the same model and the same block-diffusion ``generate``. ``config.json`` records which
+oled-hf release wrote the code (``oled_hf_version``), so a load can say when the checkpoint's code
+and the installed package differ.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from importlib import metadata
+from pathlib import Path
+
+from transformers.utils import logging
+
+# The oled-hf release this code belongs to; pyproject.toml reads the package version from here.
+CODE_VERSION = "0.1.0"
+
+AUTO_MAP = {
+    "AutoConfig": "configuration_oled_llada2.OledLLaDA2Config",
+    "AutoModel": "modeling_oled_llada2.OledLLaDA2Model",
+    "AutoModelForCausalLM": "modeling_oled_llada2.OledLLaDA2ForDiffusionLM",
+}
+
+# The model's whole source: each file imports only torch, transformers and these siblings.
+CODE_FILES = (
+    "auto_map.py",
+    "cache.py",
+    "canvas.py",
+    "checkpoint_files.py",
+    "commit.py",
+    "configuration_oled_llada2.py",
+    "events.py",
+    "experts.py",
+    "generation_oled_llada2.py",
+    "modeling_oled_llada2.py",
+    "params.py",
+)
+
+logger = logging.get_logger(__name__)
+
+
+def write_model_code(directory: str | os.PathLike) -> None:
+    """Copy the model's source files next to a checkpoint's ``config.json``.
+
+    The source is this module's own folder: the installed package, or the Hub module cache
+    when the model itself was loaded with ``trust_remote_code`` (transformers copies every file
+    the model imports there).
+    """
+    here = Path(__file__).resolve().parent
+    missing = [name for name in CODE_FILES if not (here / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"cannot write the model code: {', '.join(missing)} not found in {here}")
+    for name in CODE_FILES:
+        target = Path(directory, name)
+        if target.resolve() != (here / name):
+            shutil.copyfile(here / name, target)
+
+
+def installed_oled_hf_version() -> str | None:
+    """The installed oled-hf package's version, or None where only the checkpoint's code exists."""
+    try:
+        return metadata.version("oled-hf")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def warn_on_code_version(config) -> None:
+    """Log once when the oled-hf release that wrote a checkpoint differs from the installed one."""
+    written = getattr(config, "oled_hf_version", None)
+    installed = installed_oled_hf_version()
+    if written is None or installed is None or written == installed:
+        return
+    logger.warning(
+        "this checkpoint's model code was written by oled-hf %s but oled-hf %s is installed; the model "
+        "runs with the code it was loaded with (this file's: %s). Re-save the checkpoint with "
+        "save_pretrained (or `oled-moe prepare`) to update its code.", written, installed, CODE_VERSION,
+    )
