@@ -55,7 +55,11 @@ def layer_numbering(trace) -> tuple[str, list[int]]:
             dense = None
     if dense is None:
         return "MoE layer", list(range(1, trace.num_layers + 1))
-    return "decoder layer", [int(dense) + i + 1 for i in range(trace.num_layers)]
+    from types import SimpleNamespace
+
+    from oled_hf.serve.metrics import moe_layer_numbers
+
+    return "decoder layer", moe_layer_numbers(SimpleNamespace(first_k_dense_replace=int(dense)), trace.num_layers)
 
 
 def _fmt(x, spec=".3f") -> str:

@@ -99,19 +99,23 @@ def _all_solved(report_path: Path) -> bool:
         report = json.loads(report_path.read_text())
     except (OSError, ValueError):
         return False
-    gen_path = report_path.parent / "generation_config.json"
-    gen = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
-    entry = heldout_entry(report, gen.get("block_length"), gen.get("threshold"))
+    entry = heldout_entry(report, *_checkpoint_decoding(report_path.parent))
     return entry is not None and not solved_tasks(entry)[1]
 
 
-def _decoding(path: Path, args: argparse.Namespace) -> tuple[int | None, float | None]:
-    """The block length and threshold the demo decodes with: the flags, else the checkpoint's generation_config."""
+def _checkpoint_decoding(path: Path) -> tuple[int | None, float | None]:
+    """The block length and threshold of the checkpoint's generation_config (None where it has none)."""
     try:
         gen = json.loads((path / "generation_config.json").read_text())
     except (OSError, ValueError):
         gen = {}
-    return args.block_length or gen.get("block_length"), args.threshold or gen.get("threshold")
+    return gen.get("block_length"), gen.get("threshold")
+
+
+def _decoding(path: Path, args: argparse.Namespace) -> tuple[int | None, float | None]:
+    """The block length and threshold the demo decodes with: the flags, else the checkpoint's generation_config."""
+    block, threshold = _checkpoint_decoding(path)
+    return args.block_length or block, args.threshold or threshold
 
 
 def default_prompts(path: Path, args: argparse.Namespace) -> tuple[list[str], str | None]:

@@ -46,6 +46,12 @@ def live_system(value: str) -> str:
         raise argparse.ArgumentTypeError(
             f"'{value}' has the prefetch part '{system.prefetch}', which works only in trace replay "
             "(oled-moe trace replay --system); drop it for a live run")
+    from ..offload.config import OffloadConfig
+
+    try:  # every other rule of a live system (an oracle retention, ...) is OffloadConfig's, checked once there
+        OffloadConfig(cache_size=1, system=value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
     return value
 
 

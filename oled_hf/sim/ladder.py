@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from ..offload.policies.oracle import future_of
 from ..offload.system import System
+from .belady import request_sets
 from .replay import replay
 from .report import HEADLINE_PCT, Run, md_table, slots_for
 from .trace import Trace
@@ -48,7 +48,7 @@ def pure_caching(base: System) -> System:
 def oracle_ladder(trace: Trace, label: str, fair: System, cost: Any, planner_s: float | None,
                   warmup_sequences: int = 0, pcts: tuple[float, ...] = HEADLINE_PCT) -> dict[str, list[Run]]:
     """``{"fair": runs, "pure caching": runs}``, one run per rung and size (``Run.system`` = the rung)."""
-    future = future_of(trace)
+    future = list(request_sets(trace))
     out: dict[str, list[Run]] = {"fair": [], "pure caching": []}
     for dispatch, base in (("fair", fair), ("pure caching", pure_caching(fair))):
         for pct in pcts:

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 
 from oled_hf import OffloadConfig
-from oled_hf.offload.policies.oracle import future_of, next_use
+from oled_hf.offload.policies.oracle import next_use
 from oled_hf.offload.system import parse_system
+from oled_hf.sim.belady import request_sets
 from oled_hf.sim.replay import hit_bound, replay
 from oled_hf.sim.synthetic import synthetic_trace
 
@@ -13,6 +14,10 @@ from oled_hf.sim.synthetic import synthetic_trace
 @pytest.fixture(scope="module")
 def trace():
     return synthetic_trace(num_layers=3, num_experts=32, top_k=4, block_length=16, num_blocks=3, num_sequences=2)
+
+
+def future_of(trace):
+    return list(request_sets(trace))
 
 
 def _run(trace, parts, size, future=None):

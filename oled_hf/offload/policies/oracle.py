@@ -13,7 +13,8 @@ others, so the TPOT gap between two rungs is the value of what the better one kn
   cache).
 
 The future is the trace's: ``future`` is one bool matrix per MoE layer, ``[accesses, num_experts]``,
-row t the experts access t of that layer uses (:func:`future_of`). The policy counts its own
+row t the experts access t of that layer uses (``list(sim.belady.request_sets(trace))``; ``next_use`` is
+kept here because the offload layer does not import the simulator). The policy counts its own
 accesses per layer and checks each against its row, so a future that does not belong to the run
 raises instead of timing nonsense. Only retention knows the future: the dispatcher's reuse estimate
 is the base policy's (usage EMA), as for every other retention part.
@@ -27,18 +28,7 @@ import numpy as np
 
 from .base import register
 from .lru import LRUPolicy
-
-KEEP_FIRST = 1e12  # above any LRU clock: the known-needed experts outrank every other
-
-
-def future_of(trace: Any) -> list[np.ndarray]:
-    """Per MoE layer, ``[forwards, num_experts]`` bool: which experts each forward's access uses."""
-    used = [np.zeros((trace.num_forwards, trace.num_experts), dtype=bool) for _ in range(trace.num_layers)]
-    for i in range(trace.num_forwards):
-        ids, _ = trace.routing(i)
-        for layer in range(trace.num_layers):
-            used[layer][i, np.asarray(ids[layer]).reshape(-1)] = True
-    return used
+from .phase import KEEP_FIRST
 
 
 def next_use(used: np.ndarray) -> np.ndarray:
@@ -60,7 +50,7 @@ class _FuturePolicy(LRUPolicy):
                  **knobs: Any) -> None:
         if future is None:
             raise ValueError(f"retention {self.name!r} is an oracle for trace replay only: it needs the trace's "
-                             "future (knob retention.future = oracle.future_of(trace))")
+                             "future (knob retention.future = list(sim.belady.request_sets(trace)))")
         super().__init__(num_layers, num_experts, **knobs)
         if len(future) != self.num_layers or any(f.shape[1] != self.num_experts for f in future):
             raise ValueError(f"retention.future has {len(future)} layers; the run has {self.num_layers} MoE layers "
