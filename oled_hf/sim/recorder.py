@@ -20,47 +20,19 @@ folder, and a file already there is refused unless ``overwrite=True``.
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import torch
 
+from ..fileio import check_new_file, write_atomically
 from ..modeling.events import IterationObserver
 from .trace import KINDS, TraceWriter
 
 
 def check_trace_path(path: str | os.PathLike, *, overwrite: bool, field: str = "path",
                      flag: str = "overwrite=True") -> Path:
-    """The trace file ``path`` names, or ValueError saying why it cannot be written as asked.
-
-    Nothing is created or written: a missing folder is the user's typo far more often than a wish
-    for a new directory tree (the recorder used to create it, anywhere), and a file already there
-    is the user's until they pass ``flag``.
-    """
-    target = Path(path)
-    if target.is_dir():
-        raise ValueError(f"{field}={str(path)!r} is a folder; give the path of a trace file to write")
-    parent = target.parent
-    if not parent.is_dir():
-        what = "is not a folder" if parent.exists() else "does not exist"
-        raise ValueError(f"{field}={str(path)!r}: its folder {str(parent)!r} {what}; create it first "
-                         "(no folders are created)")
-    if (target.exists() or target.is_symlink()) and not overwrite:
-        raise ValueError(f"{field}={str(path)!r} already exists; pass {flag} to replace it, or choose a new path")
-    return target
-
-
-def _write_atomically(trace_save, target: Path) -> None:
-    """``trace_save(tmp)`` beside ``target``, then rename over it: a reader never sees half a trace."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    try:
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would make the trace unreadable to others, unlike a plain write
-        trace_save(tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """The trace file ``path`` names, or ValueError saying why it cannot be written (:func:`check_new_file`)."""
+    return check_new_file(path, overwrite=overwrite, field=field, flag=flag)
 
 
 class _RecordingExecutor:
@@ -163,7 +135,7 @@ class TraceRecorder(IterationObserver):
                              flag="record_trace_overwrite=True")
         elif target.is_dir():
             raise ValueError(f"record_trace={self.path!r} became a folder; the trace was not written")
-        _write_atomically(self.writer.save, target)
+        write_atomically(self.writer.save, target)
         self._wrote_own = True
         return target
 
