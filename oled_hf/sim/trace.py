@@ -18,22 +18,27 @@ predictions) still load and replay everything else.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
 
 from oled_hf.modeling.events import IterationEvent, IterationObserver
 
-KINDS = ("prefill", "denoise", "refresh")
-OP_FORWARD, OP_EVENT, OP_BLOCK_START, OP_BLOCK_END = 0, 1, 2, 3
-FORMAT = "oled-trace"
-VERSION = 2  # written when predicted routes are present; version-1 files still load
-SUPPORTED_VERSIONS = (1, 2)
-HEADER_KEYS = ("num_moe_layers", "num_experts", "top_k", "block_length", "hidden_size",
-               "moe_intermediate_size", "dtype_bytes")
+from ..fileio import write_atomically
+from .trace_format import (  # the format's names and checks
+    FORMAT,
+    KINDS,
+    OP_BLOCK_END,
+    OP_BLOCK_START,
+    OP_EVENT,
+    OP_FORWARD,
+    VERSION,
+    check_trace_data,
+)
 
 
 def _np(x: Any) -> np.ndarray:
@@ -54,14 +59,8 @@ class Trace:
     """A loaded trace: header dict + flat arrays; records are views, built on demand."""
 
     def __init__(self, data: dict[str, Any]) -> None:
-        if data.get("format") != FORMAT:
-            raise ValueError(f"not an {FORMAT} file (format={data.get('format')!r})")
-        if data.get("version") not in SUPPORTED_VERSIONS:
-            raise ValueError(f"trace version {data.get('version')!r} is not supported "
-                             f"(supported: {', '.join(map(str, SUPPORTED_VERSIONS))})")
-        self.version = int(data["version"])
-        self.header: dict[str, Any] = dict(data["header"])
-        self.arrays = {k: _np(v) for k, v in data.items() if k not in ("format", "version", "header")}
+        # every field checked for type, shape and range before any reader sizes or indexes with it
+        self.version, self.header, self.arrays = check_trace_data(data)
         a = self.arrays
         self.num_layers = int(self.header["num_moe_layers"])
         self.num_experts = int(self.header["num_experts"])
@@ -135,22 +134,35 @@ class Trace:
         """Decoded tokens replaced by LLaDA2.1 editing in the recorded iteration events."""
         return int(self.arrays["ev_edited"].sum()) if "ev_edited" in self.arrays else 0
 
-    def save(self, path: str) -> None:
+    def save(self, path: str | os.PathLike | BinaryIO) -> None:
+        """The trace as one ``torch.save`` file: a path is written atomically (a temporary file beside
+        it, then a rename; a failure is one OSError naming it, and leaves nothing); a binary file
+        object gets the bytes as they are."""
         data: dict[str, Any] = {"format": FORMAT, "version": self.version, "header": self.header}
         data.update({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in self.arrays.items()})
-        torch.save(data, path)
+        if hasattr(path, "write"):
+            torch.save(data, path)
+            return
+
+        def save(tmp: str) -> None:
+            with open(tmp, "wb") as fh:  # a Python file: a failed write is an OSError with its errno
+                torch.save(data, fh)     # (torch's own file writer says only "enforce fail")
+
+        write_atomically(save, path)
 
 
-def load_trace(path: str) -> Trace:
+def load_trace(path: str | os.PathLike) -> Trace:
+    """The trace in ``path``, every field checked (:mod:`.trace_format`); a ValueError names the file and field."""
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise
     except Exception as exc:  # pickle/zip errors: say what the file should be
         raise ValueError(f"{path}: not a readable {FORMAT} file ({exc})") from exc
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: not an {FORMAT} file")
-    return Trace(data)
+    try:
+        return Trace(data)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
 
 
 class TraceWriter(IterationObserver):
