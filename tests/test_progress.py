@@ -6,6 +6,7 @@ import fcntl
 import io
 import os
 import pty
+import re
 import struct
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import termios
 import threading
 from pathlib import Path
 
-from oled_hf.progress import progress
+from oled_hf.progress import PipeProgress, duration, progress, rate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,6 +29,71 @@ def test_bar_only_on_a_terminal_and_not_when_quiet(monkeypatch):
         monkeypatch.setattr(sys, "stderr", stream)
         assert list(progress(range(3), desc="steps", quiet=quiet)) == [0, 1, 2]
         assert ("steps: 100%" in stream.getvalue() and "3/3" in stream.getvalue()) is shown, (quiet, shown)
+        assert ("\r" in stream.getvalue()) is shown  # only a terminal gets a redrawn bar
+
+
+class Clock:
+    """A fake monotonic clock: ``advance`` moves it, nothing sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_pipe_gets_a_line_every_interval_and_the_duration(monkeypatch):
+    pipe, clock = io.StringIO(), Clock()
+    monkeypatch.setattr(sys, "stderr", pipe)
+    bar = progress(total=6, desc="recording", unit="prompt", interval=10, clock=clock)
+    assert isinstance(bar, PipeProgress)
+    for _ in range(6):
+        clock.now += 4  # one prompt every 4 s: a line at 12 s (>= 10 s apart), then the end's
+        bar.update()
+    bar.close()
+    bar.close()  # a second close adds nothing
+    assert pipe.getvalue().splitlines() == [
+        "recording: 3/6 prompt, 12.0 s elapsed, 4.00 s/prompt, about 12.0 s left",
+        "recording: done, 6/6 prompt in 24.0 s (4.00 s/prompt)",
+    ]
+
+
+def test_a_pipe_line_over_an_iterable_and_a_stopped_run(monkeypatch):
+    pipe, clock = io.StringIO(), Clock()
+    monkeypatch.setattr(sys, "stderr", pipe)
+
+    def steps():
+        for i in range(200):
+            clock.now += 0.5
+            yield i
+
+    assert sum(progress(steps(), total=200, desc="training", unit="step", clock=clock)) == sum(range(200))
+    lines = pipe.getvalue().splitlines()
+    assert len(lines) == 10 and lines[0] == "training: 20/200 step, 10.0 s elapsed, 2.00 step/s, about 1m30s left"
+    assert lines[-1] == "training: done, 200/200 step in 1m40s (2.00 step/s)"
+    pipe.seek(0), pipe.truncate()
+    bar = progress(total=10, desc="training", unit="step", clock=clock)
+    bar.update(3)
+    clock.now += 3725
+    bar.close()  # stopped early (a time limit): says so, with the duration
+    assert pipe.getvalue() == "training: stopped at 3/10 step in 1h02m (1241.67 s/step)\n"
+
+
+def test_quiet_prints_nothing_in_a_pipe(monkeypatch):
+    pipe, clock = io.StringIO(), Clock()
+    monkeypatch.setattr(sys, "stderr", pipe)
+    bar = progress(total=3, desc="benchmark", unit="pass", quiet=True, interval=0, clock=clock)
+    for _ in range(3):
+        clock.now += 20
+        bar.update()
+    bar.close()
+    assert pipe.getvalue() == ""
+
+
+def test_durations_and_rates_read_well():
+    assert [duration(s) for s in (0.04, 59.94, 65, 3599, 7380)] == ["0.0 s", "59.9 s", "1m05s", "59m59s", "2h03m"]
+    assert rate(30, 10, "step") == "3.00 step/s" and rate(2, 65, "prompt") == "32.50 s/prompt"
+    assert rate(0, 10, "step") == "- step/s"
 
 
 def _read_all(fd: int, sink: list[bytes]) -> None:
@@ -60,8 +126,23 @@ def test_trace_record_shows_a_bar_per_prompt_on_a_terminal(tiny_path, tmp_path):
     assert proc.returncode == 0, terminal
     assert proc.stdout.startswith("recorded 2 prompts, ")  # the result stays on stdout, alone
     assert "recording: 100%" in terminal and "2/2" in terminal and "prompt/s" in terminal
-    piped = subprocess.run([*command, "--quiet"], capture_output=True, text=True, timeout=120, env=env)
-    assert piped.returncode == 0 and "recording" not in piped.stderr
+    command[command.index("--out") + 1] = str(tmp_path / "quiet.trace")  # trace record never overwrites
+    quiet = subprocess.run([*command, "--quiet"], capture_output=True, text=True, timeout=120, env=env)
+    assert quiet.returncode == 0 and "recording" not in quiet.stderr
+
+
+def test_trace_record_piped_ends_with_its_duration(tiny_path, tmp_path, capsys):
+    """In a log, ``trace record`` says how long it took (before: nothing until the result line)."""
+    from oled_hf.cli.main import main
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello\ntell me a story\n")
+    code = main(["trace", "record", "--model", str(tiny_path), "--prompts", str(prompts), "--out",
+                 str(tmp_path / "t.trace"), "--max-new-tokens", "8", "--block-length", "8"])
+    out, err = capsys.readouterr()
+    assert code == 0 and out.startswith("recorded 2 prompts, ")
+    assert re.search(r"^recording: done, 2/2 prompt in \d+\.\d s \(", err, re.M), err
+    assert "\r" not in err
 
 
 def test_bench_generate_keeps_its_checkpoint_out_of_the_repository(monkeypatch, tmp_path):

@@ -18,6 +18,7 @@ import json
 import time
 from pathlib import Path
 
+from ..progress import add_quiet_argument
 from .common import add_device_argument, add_model_argument, resolve_device, resolve_model
 
 # lm-eval's name for the model this command always runs; ``--model oled_llada2`` (lm-eval's spelling,
@@ -55,6 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_device_argument(p)
     p.add_argument("--seed", type=int, default=0, help="lm-eval's python/numpy/torch/few-shot seeds")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    add_quiet_argument(p)
     p.set_defaults(func=run)
 
 
@@ -114,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     lm = make_lm(str(model), model_args)
     results = evaluate(lm, tasks, include_paths=include, limit=limit, num_fewshot=args.num_fewshot,
                        gen_kwargs=args.gen_kwargs, apply_chat_template=args.apply_chat_template,
-                       log_samples=args.log_samples, seed=args.seed)
+                       log_samples=args.log_samples, seed=args.seed, quiet=args.quiet)
     elapsed = time.perf_counter() - start
     results["config"]["model_args"] = args.model_args
     print(f"oled_llada2 ({model}), model_args: {args.model_args or '-'}, device: {model_args['device']}, "

@@ -34,8 +34,8 @@ import torch
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
-from tqdm import tqdm
 
+from ..progress import progress
 from .likelihood import MCSettings, mc_loglikelihood
 
 logger = logging.getLogger(__name__)
@@ -230,8 +230,8 @@ class OledLLaDA2LM(HFLM):
             if len(context) + len(cont) > limit:
                 context = context[len(context) + len(cont) - limit :]
             prepared.append((context, cont))
-        bar = tqdm(total=len(requests), disable=disable_tqdm or self.rank != 0,
-                   desc="Running loglikelihood requests (masked-diffusion MC)")
+        bar = progress(total=len(requests), quiet=disable_tqdm or self.rank != 0, unit="request",
+                       desc="Running loglikelihood requests (masked-diffusion MC)")  # lines in a pipe
         results = mc_loglikelihood(self.model, prepared, self.mc, progress=bar.update)
         bar.close()
         for (key, _, _), result in zip(requests, results):

@@ -76,21 +76,28 @@ def evaluate(
     data_files: dict | None = None,
     seed: int = 0,
     bootstrap_iters: int = 100000,
+    quiet: bool = False,
 ) -> dict:
-    """``lm_eval.simple_evaluate`` on ``lm``; results carry ``config.offload`` when the model offloads."""
+    """``lm_eval.simple_evaluate`` on ``lm``; results carry ``config.offload`` when the model offloads.
+
+    Progress goes by :func:`.quiet.lm_eval_quiet`: bars on a terminal, lines in a pipe, none with ``quiet``.
+    """
     import lm_eval
 
+    from .quiet import lm_eval_quiet
     from .tasks import default_tasks_dir
 
     go_offline()
     include_paths = [Path(p).resolve() for p in (include_paths or [default_tasks_dir()])]
     manager, specs = task_manager_and_specs(tasks, include_paths, data_files)
     lm.reset_offload_stats()
-    results = lm_eval.simple_evaluate(
-        model=lm, tasks=specs, task_manager=manager, limit=limit, num_fewshot=num_fewshot, gen_kwargs=gen_kwargs,
-        apply_chat_template=apply_chat_template, log_samples=log_samples, bootstrap_iters=bootstrap_iters,
-        random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
-    )
+    with lm_eval_quiet(quiet):
+        results = lm_eval.simple_evaluate(
+            model=lm, tasks=specs, task_manager=manager, limit=limit, num_fewshot=num_fewshot,
+            gen_kwargs=gen_kwargs, apply_chat_template=apply_chat_template, log_samples=log_samples,
+            bootstrap_iters=bootstrap_iters, random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
+            fewshot_random_seed=seed,
+        )
     stats = lm.offload_stats()
     if stats is not None:
         results["config"]["offload"] = stats

@@ -20,13 +20,17 @@ def _run(argv):
     return args.func(args)
 
 
-def test_eval_cli_prints_table_from_any_cwd(tiny_path, tmp_path, monkeypatch, capsys):
+def test_eval_cli_prints_table_from_any_cwd(tiny_path, tmp_path, monkeypatch, capfd):
     monkeypatch.chdir(tmp_path)  # data paths must not depend on the working directory
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))  # and outside any clone
     out = tmp_path / "res.json"
     code = _run(["--model", str(tiny_path), "--tasks", "toy_addition", "--limit", "8", "--batch-size", "4",
                  "--output-path", str(out)])
-    printed = capsys.readouterr().out
+    printed, err = capfd.readouterr()  # fd level: git's own stderr included
     assert code == 0
+    assert "fatal: not a git repository" not in err and "Generating test split" not in err
+    assert "requests:   0%" not in err  # lm-eval's bar (the "Loading weights" one is the CLI's, not run here)
+    assert "Running generate_until requests: done, 8/8 request in " in err  # a log line with the duration
     assert "|toy_addition|" in printed.replace(" ", "") and "exact_match" in printed
     saved = json.loads(out.read_text())
     assert saved["results"]["toy_addition"]["exact_match,none"] == 0.0  # random weights: gibberish

@@ -130,3 +130,13 @@ def test_stages_record_every_command(tmp_path, monkeypatch):
     assert second["stages"] == [first["command"], second["command"]] and second["stages"][1][4:6] == [
         "--init", str(tmp_path / "s1")]
     assert second["model"]["num_hidden_layers"] == 9 and second["preset"] is None
+
+
+def test_training_in_a_log_ends_with_its_duration_and_quiet_prints_nothing(tmp_path, capsys):
+    import re
+
+    train_long(tmp_path / "a", MIX, seed=1, steps=3, **FAST)
+    err = capsys.readouterr().err  # pytest's capture is a pipe, as a log is
+    assert re.search(r"^training: done, 3/3 step in \d+\.\d s \(", err, re.M), err
+    train_long(tmp_path / "b", MIX, seed=1, steps=3, quiet=True, **FAST)
+    assert "training" not in capsys.readouterr().err

@@ -145,3 +145,11 @@ def test_substitution_noise_corrupts_only_unmasked_answers(tokenizer):
     assert torch.equal(noised[:, :p], clean[:, :p]) and (answer[masked] == enc.mask).all()
     assert swapped.any() and torch.isin(answer[swapped], torch.tensor(enc.digits + (enc.eos,))).all()
     assert 0.25 < swapped.sum() / (~masked).sum() < 0.5  # 0.5 swaps, 1/11 of them drawing the same token
+
+
+def test_toy_training_in_a_log_ends_with_its_duration(tmp_path, capsys):
+    import re
+
+    train_toy(tmp_path, seed=1, steps=3, save=False, **FAST)
+    err = capsys.readouterr().err  # pytest's capture is a pipe, as a log is
+    assert re.search(r"^training: done, 3/3 step in \d+\.\d s \(", err, re.M), err

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from transformers import GenerationConfig
 
 from ...modeling import OledLLaDA2ForDiffusionLM
+from ...progress import add_quiet_argument, progress
 from ..train import (
     end_training,
     lr_at,
@@ -59,6 +60,9 @@ LONG_MODEL = dict(
 DEEP_CHANGES = dict(num_hidden_layers=9)
 DEEP_MODEL = {**LONG_MODEL, **DEEP_CHANGES}
 PRESETS = ("long", "deep")
+# The name `oled-moe serve` serves each preset's checkpoint under (config.json's oled_model_name); the
+# 3-digit toy's TOY_IDENTITY name stays with that toy. With --init the checkpoint keeps its own name.
+MODEL_NAMES = {"long": "oled-toy-long", "deep": "oled-toy-deep"}
 BLOCK_LENGTHS = (16, 32)
 GENERATION = dict(block_length=16, threshold=0.95, steps=16, max_new_tokens=96, do_sample=False, eos_early_stop=True)
 SHARD_SIZE = "8MB"
@@ -139,12 +143,15 @@ def train_long(
     init: str | os.PathLike | None = None,
     command: list[str] | None = None,
     log=print,
+    quiet: bool = False,
 ) -> dict:
     """Train on ``mix``, evaluate held-out (``eval_n`` per task) and (``save``) write the checkpoint.
 
     ``preset`` names the shape (``PRESETS``: ``long``, the shipped toy's; ``deep``, 8 MoE layers),
     ``model_overrides`` changes fields of it; with ``init`` the shape is the checkpoint's and
     training continues from its weights (a new stage: fresh warmup and cosine over ``steps``).
+    Progress on stderr (``oled_hf.progress``): a bar on a terminal, a line every 10 s and the
+    duration in a log, nothing with ``quiet``.
     """
     base = check_start(preset, init, model_overrides)  # refused before anything is written
     if threads:
@@ -153,7 +160,7 @@ def train_long(
     tokenizer = build_long_tokenizer(out)
     enc = LongEncoding.from_tokenizer(tokenizer)
     canvas_length = canvas_length or required_canvas(enc, mix, max(block_lengths))
-    config = toy_config(tokenizer, **{**base, **(model_overrides or {})})
+    config = toy_config(tokenizer, **{**base, **(model_overrides or {})}, oled_model_name=MODEL_NAMES[preset])
     torch.manual_seed(seed)
     previous = None
     if init is not None:  # continue training a saved long-answer toy (a fresh warmup + cosine over ``steps``)
@@ -179,6 +186,7 @@ def train_long(
     start = time.perf_counter()
     stopped_early = False
     step = 0
+    bar = progress(total=steps, desc="training", unit="step", quiet=quiet)
     for step in range(steps):
         elapsed = time.perf_counter() - start
         if minutes is not None and elapsed > minutes * 60:
@@ -195,6 +203,7 @@ def train_long(
         loss = block_diffusion_loss(out_.logits, batch, keep_from)
         optimizer_step(model, optimizer, loss, out_.router_logits, bias_rate)
         losses.append(loss.item())
+        bar.update()
         if log_every and (step + 1) % log_every == 0:
             elapsed = time.perf_counter() - start
             recent = sum(losses[-log_every:]) / len(losses[-log_every:])
@@ -211,6 +220,7 @@ def train_long(
                                            "curve": curve})
     else:
         step = steps
+    bar.close()
     train_seconds = time.perf_counter() - start
 
     end_training(model)
@@ -298,6 +308,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="model shape: long (the shipped toy, 3 MoE layers) or deep (8 MoE layers)")
     parser.add_argument("--model", action="append", default=[], metavar="FIELD=VALUE",
                         help="override a LONG_MODEL config field (repeatable), e.g. --model hidden_size=192")
+    add_quiet_argument(parser)
     args = parser.parse_args(argv)
     try:
         overrides = parse_overrides(args.model)
@@ -312,7 +323,7 @@ def main(argv: list[str] | None = None) -> None:
                         preset=args.preset,
                         threads=args.threads, command=["python", "-m", "oled_hf.toy.long.train", *sys.argv[1:]]
                         if argv is None else ["python", "-m", "oled_hf.toy.long.train", *argv],
-                        log=lambda s: print(s, flush=True))
+                        log=lambda s: print(s, flush=True), quiet=args.quiet)
     report.pop("trained_model")
     print(json.dumps({k: v for k, v in report.items() if k != "curve"}, indent=2))
 
