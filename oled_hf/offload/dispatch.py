@@ -26,6 +26,12 @@ Three dispatch modes (``DISPATCH_MODES``; a system names one, :mod:`oled_hf.offl
   ``reuse_copies`` CPU-computed misses whose predicted reuse is at least ``reuse_min`` are also
   copied off the critical path for the next access (the planner's rule 4).
 
+Knob ``admit`` (``cpu`` and ``cpu+reuse``; off by default): value admission for the demand copies
+too, TinyLFU's rule (Einziger et al. 2017): a copy that needs a slot held by an idle resident
+takes it only if its retention priority exceeds that victim's (highest copy against lowest
+victim), else it runs on the CPU (``kernels._admit_by_value``). Rule 4 already asks the same of its
+reuse copies, so with ``admit`` retention and admission both read the one value, the priority.
+
 The dispatcher decides from the cost model it is given, its *belief*; replay may time the run with
 another (``CostModel.believed``).
 """
@@ -69,6 +75,7 @@ class Dispatcher:
         *,
         reuse_copies: int = 0,
         reuse_min: float = 1.0,
+        admit: bool = False,
     ) -> None:
         """``cpu_compute`` off: mode ``copy``; else ``cpu``, or ``cpu+reuse`` with ``reuse_copies`` > 0.
 
@@ -88,17 +95,19 @@ class Dispatcher:
         self.cpu_compute = cpu_compute
         self.reuse_copies = reuse_copies
         self.reuse_min = float(reuse_min)
+        self.admit = bool(admit)
         self._costs: tuple[CostModel | None, np.ndarray] | None = None
 
     @classmethod
     def for_mode(cls, mode: str, cost_model: CostModel | None, *, reuse_copies: int = 2,
-                 reuse_min: float = 1.0) -> Dispatcher:
+                 reuse_min: float = 1.0, admit: bool = False) -> Dispatcher:
         """The dispatcher of a system's dispatch part (``DISPATCH_MODES``)."""
         if mode not in DISPATCH_MODES:
             raise ValueError(f"dispatch={mode!r} is unknown; allowed: {', '.join(DISPATCH_MODES)}")
         if mode == "copy":
             return cls(cost_model, "off", reuse_copies=0)
-        return cls(cost_model, "on", reuse_copies=reuse_copies if mode == "cpu+reuse" else 0, reuse_min=reuse_min)
+        return cls(cost_model, "on", reuse_copies=reuse_copies if mode == "cpu+reuse" else 0, reuse_min=reuse_min,
+                   admit=admit)
 
     @property
     def mode(self) -> str:
@@ -112,14 +121,17 @@ class Dispatcher:
 
     def kernel_costs(self) -> np.ndarray:
         """The rule's constants for ``kernels.plan_access``: copy time, CPU overhead / fixed / per
-        token, GPU fixed / per token (zeros with CPU compute off). Cached per cost model (cost
-        models are replaced, e.g. by ``with_overrides``, never changed in place)."""
+        token, GPU fixed / per token (zeros with CPU compute off), then 1.0 where value admission
+        (``admit``) is on. Cached per cost model (cost models are replaced, e.g. by ``with_overrides``,
+        never changed in place)."""
         cm = self.cost_model
         if self._costs is None or self._costs[0] is not cm:
-            costs = np.zeros(6)
+            costs = np.zeros(7 if self.admit else 6)
             if cm is not None and self.cpu_enabled:
-                costs[:] = (cm.copy_time(), cm.cpu_overhead_s, cm.cpu_expert_fixed_s, cm.cpu_s_per_token,
-                            cm.gpu_expert_fixed_s, cm.gpu_s_per_token)
+                costs[:6] = (cm.copy_time(), cm.cpu_overhead_s, cm.cpu_expert_fixed_s, cm.cpu_s_per_token,
+                             cm.gpu_expert_fixed_s, cm.gpu_s_per_token)
+                if self.admit:
+                    costs[6] = 1.0
             self._costs = (cm, costs)
         return self._costs[1]
 

@@ -191,3 +191,48 @@ def test_prefetchers_are_a_separate_part():
     assert make_prefetcher("none", 2, 8) is None
     with pytest.raises(ValueError, match="prefetch='x' is unknown; allowed: none, gate, gate-capped, matrix"):
         make_prefetcher("x", 2, 8)
+
+
+def test_value_policy_ranks_by_decayed_frequency_times_token_load():
+    """``value``: an expert used in most recent accesses outranks one used once, most recently; a
+    heavy expert (tokens above the CPU knee) is worth more per use; reuse reads the same frequency."""
+    p = make_policy("value", 1, 6)
+    for clock, req in enumerate([[0, 1], [0, 2], [0, 3], [4, 5]], start=1):
+        p.observe_access(0, ids_of(req), None, clock)
+    prio = p.priority_array(0)
+    assert prio[0] > prio[4] > prio[1] > 0 and prio[0] > prio[5]  # 3 uses of 4 beat 1 use, even the latest
+    assert prio[4] == pytest.approx(prio[5], abs=1e-8)  # same uses, same clock
+    reuse = p.predicted_reuse(0).numpy()
+    assert reuse[0] > reuse[4] > 0 and reuse[2] < reuse[3]  # the same frequency, aged
+    heavy = _value(cpu_knee=2.0)
+    heavy.observe_access(0, np.array([[0], [0], [0], [0], [1]]), None, 1)  # 0: 4 tokens, 1: 1 token
+    assert heavy.priority_array(0)[0] > 1.9 * heavy.priority_array(0)[1]
+
+
+def _value(**knobs):
+    from oled_hf.offload.policies.value import ValuePolicy
+
+    return ValuePolicy(1, 4, **knobs)
+
+
+def ids_of(req):
+    return np.asarray(req, dtype=np.int64).reshape(-1, 1)
+
+
+def test_value_policy_confidence_multiplier_and_knob_errors():
+    """With ``confidence_weight`` an expert routed only by unsure masked rows earns less than one a
+    settled row routes to; 0 is pure frequency. Bad knobs name themselves."""
+    pure, conf = _value(), _value(confidence_weight=1.0)
+    rows = np.array([[0], [1]])  # row 0 decoded (settled), row 1 masked and unsure
+    for p in (pure, conf):
+        p.on_block_start(0, torch.zeros(1, 2, dtype=torch.long))
+        p.on_iteration(IterationEvent(0, 0, torch.tensor([[False, True]]), torch.tensor([[1.0, 0.2]]),
+                                      torch.tensor([[False, False]]), torch.zeros(1, 2, dtype=torch.long)))
+        p.observe_access(0, rows, None, 1)
+    assert pure.priority_array(0)[0] == pytest.approx(pure.priority_array(0)[1], abs=1e-8)
+    assert conf.priority_array(0)[0] > 0 and conf.priority_array(0)[1] < 1e-8
+    for knobs, msg in (({"decay": 1.0}, "value decay=1.0 is invalid"),
+                       ({"confidence_weight": 2}, "value confidence_weight=2 is invalid"),
+                       ({"cpu_knee": 0}, "value cpu_knee=0 is invalid")):
+        with pytest.raises(ValueError, match=msg):
+            _value(**knobs)

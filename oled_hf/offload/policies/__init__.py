@@ -12,6 +12,7 @@ from .prefetch import Prefetcher, make_prefetcher
 from .score import ScorePolicy
 from .static import StaticPolicy
 from .tide import TidePolicy
+from .value import ValuePolicy
 
 __all__ = [
     "BeladyPolicy",
@@ -28,6 +29,7 @@ __all__ = [
     "ScorePolicy",
     "StaticPolicy",
     "TidePolicy",
+    "ValuePolicy",
     "available_policies",
     "make_policy",
     "make_prefetcher",
