@@ -141,16 +141,21 @@ def write_folder_atomically(build: Callable[[Path], object], target: str | os.Pa
         except OSError as err:
             raise _write_error(target, err) from err
         try:
-            os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide the checkpoint from other users
-            build(tmp)
-            for entry in tmp.iterdir():
-                if entry.is_file() and not entry.is_symlink():
-                    _fsync(str(entry))
+            try:
+                os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide the checkpoint from other users
+                build(tmp)
+                for entry in tmp.iterdir():
+                    if entry.is_file() and not entry.is_symlink():
+                        _fsync(str(entry))
+            except OSError as err:
+                raise _write_error(target, err) from err
             if before_install is not None and target.is_dir():
                 before_install(target)
-            _install_folder(tmp, target)
-        except OSError as err:
-            raise _write_error(target, err) from err
+            try:
+                _install_folder(tmp, target)
+            except OSError as err:  # renames within one folder: rare (a folder changed under us)
+                raise OSError(err.errno, f"could not move the new files into {target}: {err.strerror or err}; "
+                              "some may have moved") from err
         finally:
             shutil.rmtree(tmp, ignore_errors=True)  # gone already after a whole-folder rename
     except BaseException:

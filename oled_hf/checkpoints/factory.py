@@ -13,9 +13,10 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig
 
+from ..fileio import write_folder_atomically
 from ..modeling import OledLLaDA2Config, OledLLaDA2ForDiffusionLM
 from .families import decoding_defaults
-from .output_folder import check_output_folder, detach_links
+from .output_folder import check_output_folder, detach_links, remove_stale_shards
 from .presets import SHARD_SIZE, preset_config_kwargs
 from .tokenizer import build_tokenizer, special_token_ids
 
@@ -73,21 +74,30 @@ def make_checkpoint(
 ) -> Path:
     """Write a checkpoint folder and return its path; ``family="llada2.1"`` writes 2.1 decoding defaults.
 
-    ``out_dir`` must be new or empty unless ``overwrite=True``: the save deletes the folder's other
-    ``model-*.safetensors`` shards. With ``overwrite``, symlinks and hard links among the folder's
-    checkpoint files are removed first, so the files they point to (another checkpoint's) are kept.
+    ``out_dir`` must be new or empty unless ``overwrite=True``. The checkpoint is built in a
+    temporary sibling folder and renamed into place (:func:`~oled_hf.fileio.write_folder_atomically`):
+    a failure half-way (full disk, ``ulimit -f``) leaves no file of it and ``out_dir`` as it was.
+    With ``overwrite``, symlinks and hard links among the folder's checkpoint files are removed
+    (the files they point to, another checkpoint's, are kept), the new files replace theirs by
+    name, and the folder's other ``model-XXXXX-of-XXXXX.safetensors`` shards are deleted, as
+    ``save_pretrained`` into the folder did.
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r} is not allowed; allowed: {', '.join(DTYPES)}")
     config = make_config(preset, **overrides)
     decoding = decoding_defaults(family)
     out = check_output_folder(out_dir, overwrite=overwrite)
-    out.mkdir(parents=True, exist_ok=True)
-    detach_links(out)
     torch_dtype = getattr(torch, dtype)
     model = random_model(config, seed=seed, dtype=torch_dtype)
     model.config.dtype = torch_dtype
     model.generation_config = generation_config_for(config, **decoding)
-    model.save_pretrained(out, max_shard_size=SHARD_SIZE.get(preset, "100MB"))
-    build_tokenizer(out, config.vocab_size, seed=seed)
+    written: list[str] = []
+
+    def build(folder: Path) -> None:
+        model.save_pretrained(folder, max_shard_size=SHARD_SIZE.get(preset, "100MB"))
+        build_tokenizer(folder, config.vocab_size, seed=seed)
+        written.extend(p.name for p in folder.iterdir())
+
+    write_folder_atomically(build, out, before_install=detach_links)
+    remove_stale_shards(out, keep=written)
     return out

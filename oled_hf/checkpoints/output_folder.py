@@ -3,12 +3,16 @@
 ``save_pretrained`` deletes every ``model-*.safetensors`` of the folder that its new index does not
 name, and writes through symlinks: ``make-tiny`` into a checkpoint folder used to delete its shards,
 and into a ``prepare``d folder it would have rewritten the official shards its links point to.
-These checks run before anything is written, so a refused command leaves the folder as it was.
+These checks run before anything is written, so a refused command leaves the folder as it was; the
+writers then build in a temporary sibling folder (:func:`oled_hf.fileio.write_folder_atomically`),
+so a failed one leaves it as it was too.
 """
 
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Iterable
 from pathlib import Path
 
 # Names the project's writers create (save_pretrained, the tokenizer, the model code); only these are
@@ -16,6 +20,7 @@ from pathlib import Path
 CHECKPOINT_PATTERNS = ("*.safetensors", "*.json", "*.py", "*.jinja", "*.model", "tokenizer*", "vocab*",
                        "merges.txt")
 LISTED = 3  # how many of a folder's names an error shows
+SHARD_NAME = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")  # save_pretrained's shard names
 
 
 def listing(folder: Path) -> str:
@@ -70,3 +75,20 @@ def detach_links(folder: Path, patterns: tuple[str, ...] = CHECKPOINT_PATTERNS) 
                 path.unlink()
                 detached.append(path.name)
     return detached
+
+
+def remove_stale_shards(folder: Path, keep: Iterable[str]) -> list[str]:
+    """Delete ``folder``'s weight shards (``model-XXXXX-of-XXXXX.safetensors``) not in ``keep``; return their names.
+
+    A checkpoint rewritten with ``overwrite`` gets a new index; an old shard it does not name would
+    be dead weight that looks like part of the checkpoint. ``save_pretrained`` deletes the same names
+    when it writes into a folder; writing into a temporary folder first, the project does it here.
+    Only plain files: a link there was detached before.
+    """
+    keep = set(keep)
+    removed = []
+    for path in sorted(folder.iterdir()):
+        if SHARD_NAME.fullmatch(path.name) and path.name not in keep and path.is_file() and not path.is_symlink():
+            path.unlink()
+            removed.append(path.name)
+    return removed

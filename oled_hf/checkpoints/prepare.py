@@ -7,8 +7,9 @@ and tokenizer files: a 16B checkpoint is never copied.
 
 OUT must lie apart from SRC (neither the same folder nor one inside the other) and be new or
 empty unless ``overwrite=True``: linking SRC's files into SRC itself once turned every shard
-into a symlink to itself. Nothing in SRC is ever written, unlinked or replaced, and every check
-runs before the first write.
+into a symlink to itself. Nothing in SRC is ever written, unlinked or replaced, every check
+runs before the first write, and OUT's files are made in a temporary sibling folder and renamed
+into place, so a failure half-way (full disk) leaves OUT as it was.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import os
 from pathlib import Path
 
+from ..fileio import write_folder_atomically
 from ..modeling.auto_map import AUTO_MAP, CODE_FILES, CODE_VERSION, write_model_code
 from ..modeling.configuration_oled_llada2 import OledLLaDA2Config
 from .families import check_family, decoding_defaults, detect_family
@@ -66,20 +68,21 @@ def prepare_checkpoint(src: str | os.PathLike, out: str | os.PathLike, family: s
     linked = linked_files(src)
     check_output_folder(out, overwrite=overwrite)
     check_targets(src, out, [*WRITTEN_FILES, *(f.name for f in linked)])
-    out.mkdir(parents=True, exist_ok=True)
-    for name in WRITTEN_FILES:
-        _remove_target(out / name)  # so the writes below create files, never write through a link
     serialised = ours.to_dict()
     serialised["architectures"] = ["OledLLaDA2ForDiffusionLM"]
     serialised["auto_map"] = dict(AUTO_MAP)
     serialised["oled_hf_version"] = CODE_VERSION
-    (out / "config.json").write_text(json.dumps(serialised, indent=2, sort_keys=True, default=str) + "\n")
-    write_model_code(out)
-    for file in linked:
-        target = out / file.name
-        _remove_target(target)
-        target.symlink_to(file)
-    _write_generation_config(src, out, ours, family)
+
+    def build(folder: Path) -> None:  # a new temporary folder: every name below is created, none replaced
+        (folder / "config.json").write_text(json.dumps(serialised, indent=2, sort_keys=True, default=str) + "\n")
+        write_model_code(folder)
+        for file in linked:
+            (folder / file.name).symlink_to(file)
+        _write_generation_config(src, folder, ours, family)
+
+    # built beside OUT, then renamed in: a failure half-way leaves OUT as it was; an entry of OUT
+    # with a written name (a link included) is replaced by rename, so nothing it points to is written
+    write_folder_atomically(build, out)
     return out
 
 
@@ -154,12 +157,6 @@ def _file_id(path: Path) -> tuple[int, int]:
     return info.st_dev, info.st_ino
 
 
-def _remove_target(target: Path) -> None:
-    """Remove OUT's entry of that name (a link, or a file check_targets found not to be a source)."""
-    if target.is_symlink() or target.exists():
-        target.unlink()
-
-
 def _write_generation_config(src: Path, out: Path, config: OledLLaDA2Config, family: str) -> None:
     values = {**GENERATION_DEFAULTS, **decoding_defaults(family)}
     official = src / "generation_config.json"
@@ -167,6 +164,4 @@ def _write_generation_config(src: Path, out: Path, config: OledLLaDA2Config, fam
         values.update({k: v for k, v in json.loads(official.read_text()).items() if k != "transformers_version"})
     values.update(eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id,
                   mask_token_id=config.mask_token_id)
-    target = out / "generation_config.json"
-    _remove_target(target)
-    target.write_text(json.dumps(values, indent=2, sort_keys=True) + "\n")
+    (out / "generation_config.json").write_text(json.dumps(values, indent=2, sort_keys=True) + "\n")

@@ -14,9 +14,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from ..fileio import write_folder_atomically
 from ..modeling import OledLLaDA2Config, OledLLaDA2ForDiffusionLM
 from ..modeling.auto_map import AUTO_MAP, CODE_VERSION, write_model_code
-from .output_folder import check_output_folder, detach_links
+from .output_folder import check_output_folder, detach_links, remove_stale_shards
 
 
 def _random_tensor(name: str, shape: torch.Size, dtype: torch.dtype, generator: torch.Generator, std: float):
@@ -32,12 +33,26 @@ def write_random_checkpoint(out_dir: str | os.PathLike, config: OledLLaDA2Config
                             generation: dict | None = None, overwrite: bool = False) -> Path:
     """Write a random checkpoint of ``config`` to ``out_dir``, which must be new or empty unless ``overwrite``.
 
-    With ``overwrite``, links among the folder's checkpoint files are removed before writing (their
-    targets are kept); other files are replaced by name, and stale shards stay (the index names the new ones).
+    Built in a temporary sibling folder and renamed into place, so a failure half-way (a 32 GB
+    write on a full disk) leaves no file of it. With ``overwrite``, links among the folder's
+    checkpoint files are removed (their targets are kept), other files are replaced by name, and
+    shards the new index does not name are deleted.
     """
     out = check_output_folder(out_dir, overwrite=overwrite)
-    out.mkdir(parents=True, exist_ok=True)
-    detach_links(out)
+    written: list[str] = []
+
+    def build(folder: Path) -> None:
+        _write_files(folder, config, seed=seed, dtype=dtype, shard_bytes=shard_bytes, generation=generation)
+        written.extend(p.name for p in folder.iterdir())
+
+    write_folder_atomically(build, out, before_install=detach_links)
+    remove_stale_shards(out, keep=written)
+    return out
+
+
+def _write_files(out: Path, config: OledLLaDA2Config, *, seed: int, dtype: torch.dtype, shard_bytes: int,
+                 generation: dict | None) -> None:
+    """Every file of the checkpoint into the (new, temporary) folder ``out``."""
     with torch.device("meta"):
         meta = OledLLaDA2ForDiffusionLM(config)
     generator = torch.Generator().manual_seed(seed)
@@ -73,4 +88,3 @@ def write_random_checkpoint(out_dir: str | os.PathLike, config: OledLLaDA2Config
            "eos_token_id": config.eos_token_id, "pad_token_id": config.pad_token_id,
            "mask_token_id": config.mask_token_id, **(generation or {})}
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
-    return out

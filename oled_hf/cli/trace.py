@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
+from ..fileio import check_new_file
 from ..offload.config import KNOWN_POLICIES
 from ..progress import add_quiet_argument, progress
 from ..sim.hardware import add_cost_model_args
@@ -22,7 +24,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     r = tsub.add_parser("record", help="generate from prompts and record per-iteration routing")
     add_model_argument(r)
     r.add_argument("--prompts", required=True, help="text file (one prompt a line) or JSONL with 'prompt'/'question'")
-    r.add_argument("--out", required=True, help="trace file to write")
+    r.add_argument("--out", required=True, help="trace file to write (its folder must exist)")
+    r.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --out file (a link there is replaced, never written through; "
+                        "default: refuse it before recording)")
     add_device_argument(r)
     r.add_argument("--block-length", type=int, default=None,
                    help="diffusion block length (default: the checkpoint's generation_config)")
@@ -40,7 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="editing iterations after a block's masks (default: the preset's or 16)")
     r.add_argument("--limit", type=int, default=None, help="use only the first N prompts (default: all)")
     r.add_argument("--raw", action="store_true", help="do not wrap prompts in the chat template")
-    r.add_argument("--batch-size", type=int, default=1, help="prompts per generate call (left-padded batch)")
+    r.add_argument("--batch-size", type=int, default=1,
+                   help="prompts per generate call (left-padded batch; at most the number of prompts is used)")
     r.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     add_quiet_argument(r)
     r.set_defaults(func=record)
@@ -93,19 +99,34 @@ def read_prompts(path: str) -> list[str]:
     return prompts
 
 
-def check_record_paths(prompts: str, out: str) -> None:
-    """Refuse, before any work, an --out that is a directory, lies in no directory, or is the prompts file."""
+def check_record_paths(prompts: str, out: str, overwrite: bool = False) -> None:
+    """Refuse, before any work, an --out that could not be written as asked: a folder, a missing or
+    read-only folder, an existing file or link without --overwrite (:func:`check_new_file`), or the
+    prompts file itself (even with --overwrite: recording would replace its own input)."""
     o = Path(out)
-    if o.is_dir():
-        raise ValueError(f"--out {out}: is a directory; name the trace file to write (e.g. {o / 'run.trace'})")
-    if not o.parent.is_dir():
-        raise ValueError(f"--out {out}: directory {o.parent} does not exist")
-    if Path(prompts).exists() and o.exists() and o.resolve() == Path(prompts).resolve():
+    if Path(prompts).exists() and (o.exists() or o.is_symlink()) and o.resolve() == Path(prompts).resolve():
         raise ValueError(f"--out {out} is the --prompts file: recording would overwrite its input")
+    try:
+        check_new_file(out, overwrite=overwrite, field="--out", flag="--overwrite")
+    except ValueError as err:  # "--out='x'" reads oddly on a command line: "--out x"
+        raise ValueError(str(err).replace(f"--out={out!r}", f"--out {out}")) from None
+
+
+def check_record_sizes(args: argparse.Namespace) -> None:
+    """The counts ``trace record`` takes, checked before the model loads: 0 is never read as "default"."""
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size {args.batch_size} is invalid: must be >= 1 (prompts per generate call)")
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit {args.limit} is invalid: must be >= 1 (omit it to use every prompt)")
+    cores = os.cpu_count() or 1
+    if args.threads is not None and not 1 <= args.threads <= cores:
+        raise ValueError(f"--threads {args.threads} is invalid: must be between 1 and this machine's {cores} CPU "
+                         "cores (each thread is a stack torch allocates; omit it for torch's choice)")
 
 
 def record(args: argparse.Namespace) -> int:
-    check_record_paths(args.prompts, args.out)
+    check_record_sizes(args)
+    check_record_paths(args.prompts, args.out, args.overwrite)
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -115,10 +136,8 @@ def record(args: argparse.Namespace) -> int:
     from ..sim.recorder import TraceRecorder
 
     path = resolve_model(args.model)
-    if args.threads:
+    if args.threads is not None:
         torch.set_num_threads(args.threads)
-    if args.batch_size < 1:
-        raise ValueError(f"--batch-size {args.batch_size} is invalid: must be >= 1")
     prompts = read_prompts(args.prompts)[: args.limit]
     model = AutoModelForCausalLM.from_pretrained(path, device_map=resolve_device(args.device)).eval()
     tok = load_tokenizer(path)

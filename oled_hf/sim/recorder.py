@@ -13,26 +13,48 @@ model from outside (hooks only), costs one router GEMM per layer, and changes no
 Given a ``path`` (``OffloadConfig(record_trace=...)``), the recorder owns that one file for the
 model's life: every ``generate`` is appended to the trace as the next sequence and the whole trace
 is rewritten atomically (temporary file + rename) when the ``generate`` ends. The path is checked
-when the recorder is made (:func:`check_trace_path`): its folder must exist, it must not be a
-folder, and a file already there is refused unless ``overwrite=True``.
+when the recorder is made (:func:`check_trace_path`): its folder must exist and be writable, it
+must not be a folder, and a file already there is refused unless ``overwrite=True``. A write that
+still fails after a ``generate`` (disk full) is a :class:`TraceNotSaved` warning, never an error
+that would lose the ``generate``'s tokens.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import torch
 
-from ..fileio import check_new_file, write_atomically
+from ..fileio import check_new_file
 from ..modeling.events import IterationObserver
 from .trace import KINDS, TraceWriter
 
 
+class TraceNotSaved(UserWarning):
+    """A recorder could not write its trace file after a ``generate`` (the result was still returned)."""
+
+
 def check_trace_path(path: str | os.PathLike, *, overwrite: bool, field: str = "path",
                      flag: str = "overwrite=True") -> Path:
-    """The trace file ``path`` names, or ValueError saying why it cannot be written (:func:`check_new_file`)."""
+    """The trace file ``path`` names, or ValueError saying why it cannot be written (:func:`check_new_file`):
+    a folder, a missing folder, an existing file without ``flag``, or a folder that refuses a new file
+    (read-only, full), found by a probe file before any expert is read or any token decoded."""
+    if Path(path).is_dir():
+        raise ValueError(f"{field}={str(path)!r} is a folder; give the path of a trace file to write")
     return check_new_file(path, overwrite=overwrite, field=field, flag=flag)
+
+
+def block_length_of(model) -> int:
+    """The block length the model's generation config decodes with; absent: LLaDA2's 32. A 0 or other
+    non-positive value is refused, not replaced: the trace header would misstate the run."""
+    value = getattr(getattr(model, "generation_config", None), "block_length", None)
+    if value is None:
+        return 32
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"generation_config.block_length={value!r} is invalid: must be an integer >= 1")
+    return value
 
 
 class _RecordingExecutor:
@@ -54,7 +76,7 @@ class TraceRecorder(IterationObserver):
         cfg = model.config
         dtype_bytes = next(model.parameters()).element_size()
         self.writer = TraceWriter(cfg.num_moe_layers, cfg.num_experts, cfg.num_experts_per_tok,
-                                  int(getattr(model.generation_config, "block_length", 32) or 32),
+                                  block_length_of(model),
                                   hidden_size=cfg.hidden_size, moe_intermediate_size=cfg.moe_intermediate_size,
                                   dtype_bytes=dtype_bytes, model=str(getattr(cfg, "_name_or_path", "")),
                                   decoding=decoding)
@@ -124,8 +146,23 @@ class TraceRecorder(IterationObserver):
 
     def on_generate_end(self) -> None:
         if self.path:
-            self._save_own()
+            self.save_or_warn()
             self.writer.begin_sequence(self.writer.seq + 1)  # the next generate is the next sequence
+
+    def save_or_warn(self) -> Path | None:
+        """Rewrite ``self.path``; a failed write warns (one line: the path and the OS error) instead of raising.
+
+        Called as a ``generate`` ends: raising there would lose the tokens the caller waited for, to
+        a trace that can be written again. The trace stays in memory, so the next ``generate`` (or
+        :meth:`save`) writes the whole of it; nothing partial is left at the path.
+        """
+        try:
+            return self._save_own()
+        except (OSError, ValueError) as err:
+            warnings.warn(f"record_trace={self.path!r}: the trace was not saved ({' '.join(str(err).split())}); "
+                          "the generate result is returned, and the next generate tries again",
+                          TraceNotSaved, stacklevel=2)
+            return None
 
     def _save_own(self) -> Path:
         """Rewrite ``self.path`` with the whole trace so far; no folder is created, no foreign file replaced."""
@@ -135,15 +172,17 @@ class TraceRecorder(IterationObserver):
                              flag="record_trace_overwrite=True")
         elif target.is_dir():
             raise ValueError(f"record_trace={self.path!r} became a folder; the trace was not written")
-        write_atomically(self.writer.save, target)
+        self.writer.save(str(target))  # atomic: a temporary file beside it, then a rename
         self._wrote_own = True
         return target
 
-    def save(self, path: str | None = None) -> Path:
+    def save(self, path: str | os.PathLike | None = None) -> Path:
         """Write the trace to ``path``; None: the recorder's own path, with its checks.
 
-        An explicit ``path`` is written as given (its folders created, a file there replaced): the
-        caller (``oled-moe trace record --out``) owns that decision and checks it first.
+        An explicit ``path`` is written as given (its missing folders created, a file or link there
+        replaced, never written through): the caller (``oled-moe trace record --out``) owns that
+        decision and checks it first (:func:`check_trace_path`). Either way the file is written
+        whole or not at all.
         """
         if path is None:
             return self._save_own()

@@ -154,7 +154,7 @@ def check_reader_memory(num_moe_layers: int, num_experts: int, block_length: int
     if need > READER_BYTES_LIMIT:
         raise ValueError(
             f"trace header num_moe_layers={num_moe_layers}, num_experts={num_experts}, block_length={block_length}: "
-            f"readers would allocate about {need / 2**30:.3g} GiB (replay {REPLAY_BYTES_PER_EXPERT} B per layer "
+            f"readers would allocate about {need / 2**30:.1f} GiB (replay {REPLAY_BYTES_PER_EXPERT} B per layer "
             f"and expert, the synthetic fit {FIT_BYTES_PER_POSITION_EXPERT} B per block position and expert), "
             f"more than the {READER_BYTES_LIMIT / 2**30:g} GiB allowed")
 
