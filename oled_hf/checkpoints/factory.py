@@ -16,7 +16,7 @@ from transformers import GenerationConfig
 from ..fileio import write_folder_atomically
 from ..modeling import OledLLaDA2Config, OledLLaDA2ForDiffusionLM
 from .families import decoding_defaults
-from .output_folder import check_output_folder, detach_links, remove_stale_shards
+from .output_folder import check_output_folder, detach_links, remove_stale_shards, safetensors_os_errors
 from .presets import SHARD_SIZE, preset_config_kwargs
 from .tokenizer import build_tokenizer, special_token_ids
 
@@ -94,7 +94,8 @@ def make_checkpoint(
     written: list[str] = []
 
     def build(folder: Path) -> None:
-        model.save_pretrained(folder, max_shard_size=SHARD_SIZE.get(preset, "100MB"))
+        with safetensors_os_errors():
+            model.save_pretrained(folder, max_shard_size=SHARD_SIZE.get(preset, "100MB"))
         build_tokenizer(folder, config.vocab_size, seed=seed)
         written.extend(p.name for p in folder.iterdir())
 

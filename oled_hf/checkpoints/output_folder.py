@@ -10,9 +10,10 @@ so a failed one leaves it as it was too.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 # Names the project's writers create (save_pretrained, the tokenizer, the model code); only these are
@@ -92,3 +93,25 @@ def remove_stale_shards(folder: Path, keep: Iterable[str]) -> list[str]:
             path.unlink()
             removed.append(path.name)
     return removed
+
+
+OS_ERROR = re.compile(r"os error (\d+)")  # how safetensors' Rust writer reports the OS error
+
+
+@contextlib.contextmanager
+def safetensors_os_errors() -> Iterator[None]:
+    """A safetensors write that failed on the OS (full disk, ``ulimit -f``) raised as that OSError.
+
+    safetensors says ``Error while serializing: I/O error: File too large (os error 27)``; as an
+    OSError it reaches :func:`oled_hf.fileio.write_folder_atomically`, which names the folder.
+    """
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except SafetensorError as err:
+        found = OS_ERROR.search(str(err))
+        if found is None:
+            raise
+        code = int(found.group(1))
+        raise OSError(code, os.strerror(code)) from err

@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 from ..fileio import write_folder_atomically
 from ..modeling import OledLLaDA2Config, OledLLaDA2ForDiffusionLM
 from ..modeling.auto_map import AUTO_MAP, CODE_VERSION, write_model_code
-from .output_folder import check_output_folder, detach_links, remove_stale_shards
+from .output_folder import check_output_folder, detach_links, remove_stale_shards, safetensors_os_errors
 
 
 def _random_tensor(name: str, shape: torch.Size, dtype: torch.dtype, generator: torch.Generator, std: float):
@@ -42,7 +42,9 @@ def write_random_checkpoint(out_dir: str | os.PathLike, config: OledLLaDA2Config
     written: list[str] = []
 
     def build(folder: Path) -> None:
-        _write_files(folder, config, seed=seed, dtype=dtype, shard_bytes=shard_bytes, generation=generation)
+        with safetensors_os_errors():
+            _write_files(folder, config, seed=seed, dtype=dtype, shard_bytes=shard_bytes,
+                         generation=generation)
         written.extend(p.name for p in folder.iterdir())
 
     write_folder_atomically(build, out, before_install=detach_links)

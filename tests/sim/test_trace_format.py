@@ -7,7 +7,9 @@ file, the field, the value and what is allowed, before any reader allocates or i
 
 from __future__ import annotations
 
+import errno
 import math
+import resource
 
 import numpy as np
 import pytest
@@ -184,3 +186,18 @@ def test_trace_synth_fit_refuses_nan_weights_and_bad_ids(valid, tmp_path, capsys
         err = capsys.readouterr().err
         assert f"{path}: {message}" in err and err.count("\n") == 1, err
         assert not out.exists()
+
+
+def test_trace_save_under_ulimit_f_leaves_nothing(valid, tmp_path):
+    """Before: torch's own writer failed with "enforce fail" and left a partial file at the path."""
+    trace, target = load_trace(valid), tmp_path / "t.trace"
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, hard))  # Python ignores SIGXFSZ: the write fails with EFBIG
+    try:
+        with pytest.raises(OSError) as err:
+            trace.save(str(target))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert str(err.value) == (f"[Errno {errno.EFBIG}] could not write {target}: File too large; nothing was "
+                              "written there")
+    assert list(tmp_path.iterdir()) == []
