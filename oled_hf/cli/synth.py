@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
+
+from ..fileio import check_new_file, write_atomically
+from .common import one_line
+
+MAX_MEMORY_HELP = "4 GiB, oled_hf.sim.synth_check.MAX_MEMORY_GIB"  # the sim package imports torch: not at parse time
 
 
 def register_synth(sub: argparse._SubParsersAction) -> None:
@@ -28,48 +34,137 @@ def register_synth(sub: argparse._SubParsersAction) -> None:
     y.add_argument("--top-k", type=int, default=None, help="experts per token (plain generator; default 8)")
     y.add_argument("--block-length", type=int, default=None,
                    help="diffusion block length (plain generator; default 32; must match --like/--params)")
-    y.add_argument("--blocks", type=int, default=None, help="blocks per sequence (default 4; for --fit the trace's)")
+    y.add_argument("--blocks", type=int, default=None, help="blocks per sequence (default 4; for --fit "
+                                                                  "the trace's)")
     y.add_argument("--batch-size", type=int, default=None, help="sequences decoded together (default 1)")
     y.add_argument("--sequences", type=int, default=None, help="sequences in the trace (default 4; for --fit the "
                                                               "trace's)")
-    y.add_argument("--seed", type=int, default=0, help="random seed")
+    y.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    y.add_argument("--max-memory", type=float, default=None, metavar="GIB",
+                   help=f"refuse a trace whose estimated memory exceeds this many GiB (default {MAX_MEMORY_HELP})")
     y.set_defaults(func=synth)
 
 
+PLAIN = {"layers": 19, "experts": 256, "top_k": 8, "block_length": 32}  # the plain generator's defaults (mini's)
+SHAPE = {"sequences": 4, "blocks": 4, "batch_size": 1}  # unpacked in this order
+LIMITS = {"layers": "num_layers", "experts": "num_experts", "block_length": "block_length"}
+
+
+def _flag(name: str) -> str:
+    return f"--{name.replace('_', '-')}"
+
+
+def _value(args: argparse.Namespace, name: str) -> int:
+    """The flag's value or its stated default: 0 is a value (refused by the checks), never replaced by it."""
+    v = getattr(args, name)
+    return (PLAIN | SHAPE)[name] if v is None else v
+
+
+def _check_sizes(args: argparse.Namespace) -> None:
+    """Every size flag in range (0 and negatives refused, not defaulted) and the seed non-negative."""
+    from ..sim.synth_check import INT_LIMITS, MAX_MEMORY_GIB, check_float, check_int
+
+    for name, key in LIMITS.items():
+        if getattr(args, name) is not None:
+            check_int(_flag(name), getattr(args, name), *INT_LIMITS[key])
+    if args.top_k is not None:
+        check_int("--top-k", args.top_k, 1, _value(args, "experts"))
+    for name in SHAPE:
+        if getattr(args, name) is not None:
+            check_int(_flag(name), getattr(args, name), 1)
+    check_int("--seed", args.seed, 0)
+    args.max_memory = MAX_MEMORY_GIB if args.max_memory is None else check_float("--max-memory", args.max_memory,
+                                                                                   0.0, 1e6, True)
+
+
+def _check_plain_memory(args: argparse.Namespace) -> None:
+    """The plain generator's trace fits --max-memory (arithmetic on the flags; nothing is allocated)."""
+    from ..sim.synth_check import PLAIN_MAX_ITERATIONS, check_memory, memory_bytes, uniform_rows
+
+    L, E, k, B = (_value(args, n) for n in PLAIN)
+    seqs, blocks, batch = (_value(args, n) for n in SHAPE)
+    its = min(batch * B, PLAIN_MAX_ITERATIONS)
+    rows, widest, events = uniform_rows(seqs, blocks, B, batch, 8, its, blocks)
+    check_memory(memory_bytes(L, E, k, rows, widest, events), args.max_memory,
+                 f"--sequences {seqs} x --blocks {blocks} x --batch-size {batch} at --layers {L} x --experts {E}, "
+                 f"--top-k {k}, --block-length {B} (up to {its} forwards a block)")
+
+
 def _check_synth(args: argparse.Namespace) -> None:
-    """One-line errors before any work: missing inputs, unknown --like, files that would be replaced."""
+    """One-line errors before any work: sizes, missing inputs, unknown --like, files that would be replaced."""
     from ..sim.synth_like import like_names
 
+    _check_sizes(args)
     for flag, path in (("--fit", args.fit), ("--params", args.params)):
         if path is not None and not Path(path).is_file():
             raise ValueError(f"{flag} {path}: no such file")
     if args.like is not None and args.like not in like_names():
         raise ValueError(f"--like {args.like}: unknown; allowed: {', '.join(like_names())}")
-    for flag, path in (("--out", args.out), ("--save-params", args.save_params)):
-        if path is not None and Path(path).exists() and not args.overwrite:
-            raise ValueError(f"{flag} {path}: exists; pass --overwrite to replace it")
-        if path is not None and not Path(path).resolve().parent.is_dir():
-            raise ValueError(f"{flag} {path}: directory {Path(path).parent} does not exist")
-    shaped = [f"--{n.replace('_', '-')}" for n in ("layers", "experts", "top_k") if getattr(args, n) is not None]
+    targets = [("--out", args.out), ("--save-params", args.save_params)]
+    for flag, path in targets:
+        if path is not None:
+            check_new_file(path, overwrite=args.overwrite, field=flag, flag="--overwrite")
+    if args.save_params is not None and Path(args.save_params).resolve() == Path(args.out).resolve():
+        raise ValueError(f"--save-params {args.save_params}: the same file as --out")
+    shaped = [_flag(n) for n in ("layers", "experts", "top_k") if getattr(args, n) is not None]
     if shaped and (args.fit or args.like or args.params):
         raise ValueError(f"{', '.join(shaped)}: set by --fit/--like/--params; give them only to the plain generator")
+    if not (args.fit or args.like or args.params):
+        if args.save_params:
+            raise ValueError("--save-params needs --fit, --like or --params (the plain generator has no "
+                             "parameter file)")
+        _check_plain_memory(args)
+
+
+class _WholeWrites:
+    """A binary file whose ``write`` writes everything or raises the OS error (``os.write`` in a loop).
+
+    Why: torch's own file writer reports a full disk or ``ulimit -f`` only as ``[enforce fail at
+    inline_container.cc]``, and a buffered Python file as a short write ("unexpected pos"); neither names the
+    OS error the user can act on."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        done = 0
+        while done < len(view):
+            done += os.write(self.fd, view[done:])
+        return done
+
+    def flush(self) -> None:
+        os.fsync(self.fd)
+
+
+def _save_trace(trace, out: str) -> None:
+    """``trace`` to ``out`` whole or not at all; a failed write is one line naming the path and the OS error."""
+    def save(tmp: str) -> None:
+        fd = os.open(tmp, os.O_WRONLY | os.O_TRUNC)
+        try:
+            trace.save(_WholeWrites(fd))  # torch.save takes a file-like object as well as a path
+        finally:
+            os.close(fd)
+
+    try:
+        write_atomically(save, out)
+    except (OSError, RuntimeError) as exc:
+        cause = exc.__context__ if isinstance(exc, RuntimeError) and isinstance(exc.__context__, OSError) else exc
+        raise ValueError(f"--out {out}: could not write the trace ({one_line(cause)}); nothing was written") from exc
 
 
 def synth(args: argparse.Namespace) -> int:
     _check_synth(args)
     if not (args.fit or args.like or args.params):
-        if args.save_params:
-            raise ValueError("--save-params needs --fit, --like or --params (the plain generator has no "
-                             "parameter file)")
         from ..sim.synthetic import synthetic_trace
 
-        trace = synthetic_trace(num_layers=args.layers or 19, num_experts=args.experts or 256,
-                                top_k=args.top_k or 8, block_length=args.block_length or 32,
-                                num_blocks=args.blocks or 4,
-                                batch=args.batch_size or 1, num_sequences=args.sequences or 4, hidden_size=2048,
+        L, E, k, B = (_value(args, n) for n in PLAIN)
+        trace = synthetic_trace(num_layers=L, num_experts=E, top_k=k, block_length=B,
+                                num_blocks=_value(args, "blocks"), batch=_value(args, "batch_size"),
+                                num_sequences=_value(args, "sequences"), hidden_size=2048,
                                 moe_intermediate_size=512, seed=args.seed)
-        trace.header["batch_size"] = args.batch_size or 1
-        trace.save(args.out)
+        trace.header["batch_size"] = _value(args, "batch_size")
+        _save_trace(trace, args.out)
         print(f"synthetic trace: {trace.num_forwards} forwards, {trace.routing_entries} expert accesses -> {args.out}")
         return 0
     return synth_fitted(args)
@@ -78,6 +173,7 @@ def synth(args: argparse.Namespace) -> int:
 def synth_fitted(args: argparse.Namespace) -> int:
     """--fit / --like / --params: the fitted generator (``oled_hf/sim/synth_fit.py``, ``synth_like.py``)."""
     from ..sim import synth_fit as sf
+    from ..sim.synth_check import check_memory, memory_bytes, uniform_rows
     from ..sim.synth_like import like
     from ..sim.synthetic import SynthParams, TraceShape, generate
     from ..sim.trace import load_trace
@@ -92,13 +188,20 @@ def synth_fitted(args: argparse.Namespace) -> int:
     if args.block_length is not None and args.block_length != params.block_length:
         raise ValueError(f"--block-length {args.block_length}: these parameters are for block {params.block_length}")
     custom = any(v is not None for v in (args.sequences, args.blocks, args.batch_size))
-    shape = sf.trace_shape(real) if real is not None and not custom else TraceShape.uniform(
-        args.sequences or 4, args.blocks or 4, params.block_length, args.batch_size or 1,
-        prompt_length=params.block_length)
+    if real is not None and not custom:
+        shape = sf.trace_shape(real)
+    else:
+        seqs, blocks, batch = (_value(args, n) for n in SHAPE)
+        B = params.block_length
+        rows, widest, events = uniform_rows(seqs, blocks, B, batch, B, B, blocks - 1)
+        check_memory(memory_bytes(params.num_layers, params.num_experts, params.top_k, rows, widest, events),
+                     args.max_memory, f"--sequences {seqs} x --blocks {blocks} x --batch-size {batch} at "
+                     f"{params.num_layers} layers x {params.num_experts} experts, top-{params.top_k}, block {B}")
+        shape = TraceShape.uniform(seqs, blocks, B, batch, prompt_length=B)
+    trace = generate(params, shape, seed=args.seed, max_memory_gib=args.max_memory)
     if args.save_params:
         params.save(args.save_params)
-    trace = generate(params, shape, seed=args.seed)
-    trace.save(args.out)
+    _save_trace(trace, args.out)
     print(f"synthetic workload ({params.source}): {params.num_layers} MoE layers x {params.num_experts} experts, "
           f"top-{params.top_k}, block {params.block_length}, {len(shape.sequences)} sequences x batch {shape.batch}, "
           f"{shape.num_blocks} blocks; {trace.num_forwards} forwards, {trace.routing_entries} expert accesses "

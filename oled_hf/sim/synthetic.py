@@ -38,6 +38,8 @@ import torch
 
 from oled_hf.modeling.events import IterationEvent
 
+from ..fileio import write_atomically
+from .synth_check import MAX_MEMORY_GIB, check_int, check_memory, check_params, memory_bytes
 from .trace import Trace, TraceWriter
 
 
@@ -185,23 +187,47 @@ class SynthParams:
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
 
+    def check(self) -> SynthParams:
+        """Self, after every field's type and range are checked (``synth_check.check_params``); ValueError else."""
+        from .routing_stats import state_labels
+
+        check_params(asdict(self), *_field_sets(), state_labels())
+        return self
+
     @classmethod
     def from_json(cls, text: str) -> SynthParams:
-        data = json.loads(text)
-        unknown = set(data) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"not a synthetic-workload parameter file: unknown keys {sorted(unknown)}")
-        return cls(**data)
+        """Parameters from JSON, every field checked before use (NaN, strings for numbers, wrong lengths refused)."""
+        from .routing_stats import state_labels
+
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not a synthetic-workload parameter file: not JSON ({exc})") from exc
+        return cls(**check_params(data, *_field_sets(), state_labels()))
 
     def save(self, path: str) -> None:
-        Path(path).write_text(self.to_json())
+        """Written whole or not at all (temporary file beside ``path``, then renamed)."""
+        text = self.to_json()
+        write_atomically(lambda tmp: Path(tmp).write_text(text), path)
 
     @classmethod
     def load(cls, path: str) -> SynthParams:
         try:
-            return cls.from_json(Path(path).read_text())
-        except (json.JSONDecodeError, TypeError) as exc:
-            raise ValueError(f"{path}: not a synthetic-workload parameter file ({exc})") from exc
+            text = Path(path).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{path}: cannot read the parameter file ({exc})") from exc
+        try:
+            return cls.from_json(text)
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from exc
+
+
+def _field_sets() -> tuple[set[str], set[str]]:
+    """(required, known) keys of a parameter file: SynthParams' fields without a default, all of them."""
+    from dataclasses import MISSING
+
+    fs = fields(SynthParams)
+    return ({f.name for f in fs if f.default is MISSING and f.default_factory is MISSING}, {f.name for f in fs})
 
 
 @dataclass
@@ -267,11 +293,34 @@ class _Decoder:
         return start, np.where(start, conf, 1.0).astype(np.float32), commit
 
 
+def shape_memory(params: SynthParams, shape: TraceShape) -> int:
+    """Upper bound of the bytes ``generate(params, shape)`` holds (``synth_check.memory_bytes``): a block takes at
+    most as many denoising forwards as its fullest row has masked positions (each commits at least one a row)."""
+    rows, events, widest = 0, 0, 0
+    B, batch = params.block_length, shape.batch
+    for seq in shape.sequences:
+        rows += seq.prompt_rows
+        widest = max(widest, seq.prompt_rows, batch * B)
+        for _, masked, refresh in seq.blocks:
+            its = max(masked, default=0)
+            rows += (its + int(refresh)) * batch * B
+            events += its * batch * B
+    return memory_bytes(params.num_layers, params.num_experts, params.top_k, rows, widest, events)
+
+
 def generate(params: SynthParams, shape: TraceShape, seed: int = 0,
-             bins: tuple[float, ...] | None = None) -> Trace:
-    """A synthetic trace with ``shape``'s skeleton and ``params``' decoder and router (deterministic per seed)."""
+             bins: tuple[float, ...] | None = None, max_memory_gib: float = MAX_MEMORY_GIB) -> Trace:
+    """A synthetic trace with ``shape``'s skeleton and ``params``' decoder and router (deterministic per seed).
+
+    ``params`` is checked field by field and the trace's memory estimated before anything is allocated."""
     from .routing_stats import CONFIDENCE_BINS
 
+    params.check()
+    check_int("seed", seed, 0)
+    check_memory(shape_memory(params, shape), max_memory_gib,
+                 f"{len(shape.sequences)} sequences x batch {shape.batch}, {shape.num_blocks} blocks at "
+                 f"{params.num_layers} layers x {params.num_experts} experts, top-{params.top_k}, block "
+                 f"{params.block_length}")
     bins = CONFIDENCE_BINS if bins is None else bins
     p, L, E, k, B = params, params.num_layers, params.num_experts, params.top_k, params.block_length
     rng = np.random.default_rng([seed, 1])
