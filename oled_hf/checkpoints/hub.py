@@ -100,10 +100,25 @@ def resolve_checkpoint(name: str | os.PathLike, what: str, *, local_files_only: 
     """``name`` as a folder: itself when that path exists (a folder wins over an id of the same
     spelling), else the snapshot of the hub id it spells. A name that is neither a path nor an id
     is returned as a Path too, for the caller's "no such folder" message."""
-    path = Path(name).expanduser()
+    path = expand_user(name, what)
     if path.exists() or not isinstance(name, str) or not is_hub_id(name):
         return path
     return snapshot_folder(name, what, local_files_only=local_files_only)
+
+
+def expand_user(name: str | os.PathLike, what: str) -> Path:
+    """``name`` with a leading ``~`` or ``~user`` expanded, or a ValueError naming ``what`` and the name.
+
+    ``Path.expanduser`` raises ``RuntimeError`` ("Could not determine home directory") for a user
+    that does not exist (``~nonexistentuser/x``) or where ``$HOME`` is unset, which the CLI would
+    print as a traceback; it is a mistyped path like any other.
+    """
+    try:
+        return Path(name).expanduser()
+    except RuntimeError:
+        head = str(name).split("/", 1)[0]
+        why = "its home folder is unknown ($HOME is unset)" if head == "~" else f"there is no user {head[1:]!r}"
+        raise ValueError(f"{what} {name}: no such folder ({head} cannot be expanded: {why} on this machine)") from None
 
 
 def hub_id_of(folder: str | os.PathLike) -> str | None:

@@ -206,8 +206,8 @@ def benchmark(args: argparse.Namespace) -> int:
 
     budgets = budget_choices(args)
     if not budgets:
-        raise ValueError("give --cache-size N [N ...] (slots per MoE layer), --cache-ratio R (or auto) "
-                         "or --max-gpu-memory SIZE")
+        raise ValueError("give a budget to compare: --cache-size N [N ...] (slots per MoE layer), --cache-ratio R "
+                         "(or auto), --max-gpu-memory SIZE or --gpu-memory-utilization F")
     choices = offload_choices(args)
     path = resolve_model(args.model)
     device = resolve_device(args.device)

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import TextIO
 
 from ..serve.options import add_serving_model_arguments, loading_problem, max_model_len_problem, model_argument
-from .common import resolve_model, standalone
+from .budget import budget_choices, check_budget_device
+from .common import resolve_device, resolve_model, standalone
 
 PROMPT = ">>> "
 HELP = """commands:
@@ -193,12 +194,15 @@ def chat(args: argparse.Namespace) -> int:
     problem = max_model_len_problem(Path(path), args.max_model_len)
     if problem:
         raise ValueError(problem)
-    model, tokenizer = load_model(path, device=args.device, cache_size=args.cache_size, policy=args.policy,
-                                  cache_ratio=args.cache_ratio, dtype=args.dtype, system=args.offload_system)
+    device = resolve_device(args.device)  # a --device this machine lacks: one line, before anything loads
+    budgets = budget_choices(args)
+    check_budget_device(budgets, device)
+    model, tokenizer = load_model(path, device=device, budget=budgets[0] if budgets else None, policy=args.policy,
+                                  dtype=args.dtype, system=args.offload_system)
     session = ChatSession(model, tokenizer, args.max_tokens, args.block_length, args.threshold, args.system,
                           max_model_len=args.max_model_len)
     interactive = sys.stdin.isatty()
-    offloading = args.cache_size is not None or args.cache_ratio is not None
+    offloading = bool(budgets)
     print(f"loaded {path} on {model.device} (offloading {'on' if offloading else 'off'}); /help for commands",
           file=sys.stderr, flush=True)
     if session.single_turn:

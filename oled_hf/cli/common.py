@@ -34,16 +34,16 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    """Loading and decoding options shared by ``chat`` and ``serve``."""
+    """Loading and decoding options shared by ``chat`` and ``serve``: the model, the device, the
+    budget flags every offloading command takes (``cli.budget``), the policy and the decoding knobs."""
     from ..offload.config import KNOWN_POLICIES
+    from .budget import add_budget_arguments
 
     add_model_argument(p)
     add_device_argument(p)
-    p.add_argument("--cache-size", type=int, default=None,
-                   help="offload experts, keeping this many expert slots per MoE layer on the device "
-                        "(default: off, every expert resident)")
+    add_budget_arguments(p)
     p.add_argument("--policy", choices=KNOWN_POLICIES, default=None,
-                   help="expert-cache retention policy (with --cache-size; default: oled)")
+                   help="expert-cache retention policy (with a budget flag; default: oled)")
     p.add_argument("--block-length", type=int, default=None,
                    help="diffusion block length (default: the checkpoint's generation_config)")
     p.add_argument("--threshold", type=float, default=None,
@@ -121,12 +121,12 @@ def resolve_model(model: str | os.PathLike | None, flag: str = "--model") -> Pat
             raise ValueError(f"no {flag} given and the default toy checkpoint {path} is not built "
                              f"(python -m oled_hf.toy.train {path} trains it); pass {flag} PATH")
         return path
-    from ..checkpoints.hub import resolve_checkpoint
+    from ..checkpoints.hub import expand_user, resolve_checkpoint
 
     path = resolve_checkpoint(model, flag)  # an id spelled ORG/NAME that is not cached raises there
     if not path.exists():
         raise ValueError(f"{flag} {model}: no such folder (give a checkpoint folder with config.json; {MAKE_ONE})")
-    shown = model if path == Path(model).expanduser() else f"{model} (hub snapshot {path})"
+    shown = model if path == expand_user(model, flag) else f"{model} (hub snapshot {path})"
     if not path.is_dir():
         raise ValueError(f"{flag} {shown} is a file, not a checkpoint folder (one holding config.json)")
     config = path / "config.json"

@@ -9,7 +9,8 @@ import sys
 from ..serve.engine import DEFAULT_BATCH_WAIT_MS, DEFAULT_MAX_BATCH_SIZE, batching_problem
 from ..serve.guard import is_loopback
 from ..serve.options import add_serving_model_arguments, loading_problem, max_model_len_problem, model_argument
-from .common import resolve_model, served_model_name, standalone
+from .budget import budget_choices, check_budget_device
+from .common import resolve_device, resolve_model, served_model_name, standalone
 
 API_KEY_ENV = "OLED_MOE_API_KEY"
 
@@ -154,8 +155,11 @@ def serve(args: argparse.Namespace) -> int:
         print(f"oled-moe serve: error: {problem}", file=sys.stderr)
         return 2
     name = args.served_model_name or served_model_name(Path(path))
-    model, tokenizer = load_model(path, device=args.device, cache_size=args.cache_size, policy=args.policy,
-                                  cache_ratio=args.cache_ratio, dtype=args.dtype, system=args.offload_system)
+    device = resolve_device(args.device)  # a --device this machine lacks: one line, before anything loads
+    budgets = budget_choices(args)
+    check_budget_device(budgets, device)
+    model, tokenizer = load_model(path, device=device, budget=budgets[0] if budgets else None, policy=args.policy,
+                                  dtype=args.dtype, system=args.offload_system)
     limits = limits_from(args)
     engine = Engine(model, tokenizer, max_queue=args.max_queue, default_max_tokens=args.default_max_tokens,
                     block_length=args.block_length, threshold=args.threshold, request_timeout=limits.request_timeout,
@@ -166,7 +170,7 @@ def serve(args: argparse.Namespace) -> int:
     warning = insecure_warning(args)
     if warning:
         print(warning, file=sys.stderr, flush=True)
-    offload = "on" if args.cache_size is not None or args.cache_ratio is not None else "off"
+    offload = "on" if budgets else "off"
     print(f"oled-moe serve: model '{name}' from {path} on {model.device} (offloading {offload}; batches of up to "
           f"{engine.max_batch_size}, {engine.context_length} tokens per request); "
           f"OpenAI API at http://{args.host}:{args.port}/v1"

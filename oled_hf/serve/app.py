@@ -182,7 +182,8 @@ def create_app(engine: Engine, served_model_name: str, api_key: str | None = Non
 
         job = GenerationRequest(input_ids=input_ids, max_tokens=max_tokens, emit=emit, stop=req.stop,
                                 temperature=req.temperature, top_p=req.top_p, seed=req.seed,
-                                block_length=req.block_length, threshold=req.threshold)
+                                block_length=req.block_length, threshold=req.threshold,
+                                presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty)
         try:
             engine.submit(job)
             engine.arrived()  # (counted as arriving since the Guard let it in: the worker may wait for it)

@@ -1,13 +1,21 @@
 """One model, one ``generate`` at a time, with the requests that arrive together batched into it.
 
 The HTTP layer submits :class:`GenerationRequest` objects to a bounded queue; a worker thread
-takes the oldest, waits up to ``batch_wait_ms`` for others that can share its decoding (see
-:meth:`Engine.batch_key`) while the HTTP layer is still reading or tokenizing requests
-(:meth:`Engine.arrival`), or until it has as many as the previous batch held (concurrent
-clients come back together); a lone client never waits. It decodes up to ``max_batch_size`` of them in ONE left-padded
-``generate`` call. Each request is reported through its own ``emit`` callback (called on the
-worker thread): ``("start",)`` once decoding begins, ``("delta", text)`` per completed block that
-added text, then ``("done", finish_reason, usage)`` or ``("error", status, message)``.
+takes the oldest and decodes up to ``max_batch_size`` requests that can share its decoding (see
+:meth:`Engine.batch_key`) in ONE left-padded ``generate`` call.
+
+The waiting rule: a request waits only for companions the server already holds. The worker takes
+every queued request that can join the oldest, and waits (at most ``batch_wait_ms``, counted from
+when it took the oldest) only while some generation request is *arriving*: its headers are in and
+its body is being read, parsed or tokenized (:meth:`Engine.arrival`, entered by the HTTP guard).
+It never waits for a request that has not reached the server, whatever earlier traffic looked
+like: a lone client, the first request after a burst included, starts as soon as nothing else is
+arriving. (An earlier rule also waited for as many requests as the previous batch held, so the
+first lone request after a burst of 8 waited the whole window: 3 s with ``--batch-wait-ms 3000``.)
+
+Each request is reported through its own ``emit`` callback (called on the worker thread):
+``("start",)`` once decoding begins, ``("delta", text)`` per completed block that added text, then
+``("done", finish_reason, usage)`` or ``("error", status, message)``.
 
 Why batching is lossless: ``generate`` lays a batch on one block grid where every row sees exactly
 what it sees alone (``modeling/canvas.py``) and rows decode independently, so with greedy decoding
@@ -107,12 +115,13 @@ class _JobQueue:
                 self._ready.wait()
             return self._items.popleft()
 
-    def take(self, accept: Callable[[object, list], bool], limit: int, wait_s: float, expect: int = 0) -> list:
+    def take(self, accept: Callable[[object, list], bool], limit: int, wait_s: float) -> list:
         """Remove (in FIFO order) up to ``limit`` items that ``accept(item, taken)`` takes, waiting up to
-        ``wait_s`` for more while requests are arriving, or until ``expect`` items are taken.
+        ``wait_s`` for more only while requests are arriving (the rule in the module docstring).
 
-        Returns early once ``limit`` items are taken or the stop sentinel is queued. ``accept`` is
-        called under the queue's lock, in queue order, with what has been taken so far.
+        Returns as soon as nothing is arriving, ``limit`` items are taken, the time is up or the stop
+        sentinel is queued. ``accept`` is called under the queue's lock, in queue order, with what
+        has been taken so far.
         """
         taken: list = []
         deadline = time.monotonic() + wait_s
@@ -125,8 +134,7 @@ class _JobQueue:
                         self._items.remove(item)
                         taken.append(item)
                 remaining = deadline - time.monotonic()
-                idle = not self.arriving and len(taken) >= expect
-                if len(taken) >= limit or remaining <= 0 or idle or None in self._items:
+                if len(taken) >= limit or remaining <= 0 or not self.arriving or None in self._items:
                     return taken
                 self._ready.wait(remaining)
 
@@ -159,38 +167,42 @@ class GenerationRequest:
     seed: int | None = None
     block_length: int | None = None
     threshold: float | None = None
+    presence_penalty: float = 0.0  # OpenAI's, applied by serve.penalties over the tokens committed so far
+    frequency_penalty: float = 0.0
     cancelled: threading.Event = field(default_factory=threading.Event)
     key: tuple | None = None  # set by Engine.submit: requests with equal keys may share a generate
 
 
 def load_model(path: str, device: str = "auto", cache_size: int | None = None, policy: str | None = None,
-               cache_ratio: float | None = None, dtype: str | None = None, system: str | None = None):
-    """Load model and tokenizer once. ``offload_config`` is passed only when ``cache_size`` or
-    ``cache_ratio`` is given, with ``policy`` or a whole ``system`` (``offload/system.py``);
+               cache_ratio: float | str | None = None, dtype: str | None = None, system: str | None = None,
+               budget: dict | None = None):
+    """Load model and tokenizer once. ``offload_config`` is passed only when a budget is given:
+    ``cache_size``, ``cache_ratio`` or ``budget`` (``OffloadConfig`` budget fields, as
+    ``cli.budget.budget_choices`` gives them: ``max_gpu_memory``, ``cache_ratio="auto"`` with
+    ``gpu_memory_utilization``...), with ``policy`` or a whole ``system`` (``offload/system.py``);
     ``dtype`` (``float32``, ``bfloat16``...) is Transformers' load dtype."""
     from transformers import AutoModelForCausalLM
 
     import oled_hf  # noqa: F401  (registers the Auto classes)
 
     from ..checkpoints.tokenizer import load_tokenizer
+    from ..offload.config import BUDGETS, OffloadConfig
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     kwargs = {}
-    if cache_size is not None and cache_ratio is not None:
-        raise ValueError("--cache-size and --cache-ratio both given: pass one (slots per MoE layer, or the "
-                         "fraction of expert bytes kept on the device)")
-    if cache_size is not None or cache_ratio is not None:
-        from ..offload.config import OffloadConfig
-
-        budget = {"cache_size": cache_size} if cache_size is not None else {"cache_ratio": cache_ratio}
+    fields = dict(budget or {})
+    for name, value in (("cache_size", cache_size), ("cache_ratio", cache_ratio)):
+        if value is not None:
+            fields[name] = value
+    if any(fields.get(name) is not None for name in BUDGETS):
         if policy and system:
             raise ValueError("--policy and --offload-system both given: pass one")
         choice = {"policy": policy} if policy else {"system": system} if system else {}
-        kwargs["offload_config"] = OffloadConfig(**budget, **choice)
+        kwargs["offload_config"] = OffloadConfig(**fields, **choice)  # refuses two budgets, naming them
     elif policy is not None or system is not None:
-        raise ValueError(f"{'--policy' if policy else '--offload-system'} needs --cache-size or --cache-ratio "
-                         "(it decides what the expert cache keeps)")
+        raise ValueError(f"{'--policy' if policy else '--offload-system'} needs a budget (--cache-size, "
+                         "--cache-ratio or --max-gpu-memory): it decides what the expert cache keeps")
     if dtype is not None:
         kwargs["dtype"] = dtype
     if device != "cpu":
@@ -389,7 +401,6 @@ class Engine:
         self._queue = _JobQueue(max_queue)
         self._thread: threading.Thread | None = None
         self._current: list[_Row] = []
-        self._last_batch = 0
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -545,7 +556,8 @@ class Engine:
             block = params.block_length
             schedule = ("steps", min(params.steps, max(1, params.max_new_tokens // params.minimal_topk)))
         alone = id(request) if kwargs.get("do_sample") and request.seed is not None else None
-        return block, shared, schedule, alone
+        # penalised rows may share a batch (the processor is per row); unpenalised ones never run through it
+        return block, shared, schedule, alone, _penalty(request).active
 
     def _joins(self, batch: list[GenerationRequest], request: GenerationRequest) -> bool:
         """Whether ``request`` may join ``batch``: same key, not cancelled, and the batch's canvas fits the model."""
@@ -579,13 +591,9 @@ class Engine:
                 self.metrics.record_generation("aborted", 0, 0, 0.0)
                 continue
             batch = [first]
-            if self.max_batch_size > 1:
-                # where clients are concurrent, wait (at most the window) for as many as the last batch
-                # held; a lone client's request starts as soon as nothing else is arriving
+            if self.max_batch_size > 1:  # what is queued joins; what is arriving is waited for (module doc)
                 batch += self._queue.take(lambda item, taken, head=first: self._joins([head, *taken], item),
-                                          self.max_batch_size - 1, self.batch_wait_ms / 1000,
-                                          expect=self._last_batch - 1)
-            self._last_batch = len(batch)
+                                          self.max_batch_size - 1, self.batch_wait_ms / 1000)
             self.run_batch(batch)
 
     def run_batch(self, batch: list[GenerationRequest]) -> None:
@@ -654,9 +662,17 @@ class Engine:
         seed = batch[0].seed if len(batch) == 1 else None  # a seeded sampled request is always alone
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
         device = getattr(self.model, "device", torch.device("cpu"))
+        observers: list = [observer]
+        penalties = [_penalty(r) for r in batch]
+        if any(p.active for p in penalties):  # the key keeps unpenalised requests out of such a batch
+            from .penalties import PenaltyProcessor
+
+            processor = PenaltyProcessor(penalties, int(self.model.config.vocab_size), int(self.mask_token_id))
+            kwargs["logits_processor"] = [processor]
+            observers.insert(0, processor)  # the batch observer stays last (it may stop the call)
         self.metrics.record_batch(len(batch))
         return self.model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-                                   observers=[observer], generator=generator,
+                                   observers=observers, generator=generator,
                                    tokenizer=self.tokenizer if kwargs.get("stop_strings") else None, **kwargs)
 
     def _answer(self, row: _Row, eos_ids: set[int]) -> None:
@@ -675,6 +691,12 @@ class Engine:
         self.metrics.record_generation(outcome, row.prompt_len, len(row.tokens), time.perf_counter() - self._started)
         row.emit(("error", status, message))
         row.closed = True
+
+
+def _penalty(request: GenerationRequest):
+    from .penalties import Penalty
+
+    return Penalty(float(request.presence_penalty or 0.0), float(request.frequency_penalty or 0.0))
 
 
 def _resolver():

@@ -1,13 +1,15 @@
 """Loading options that ``serve`` and ``chat`` share on top of ``cli.common.add_model_arguments``.
 
-As ``vllm serve MODEL`` does, the model may be given positionally (``--model`` is kept); ``--dtype``,
-``--cache-ratio`` and ``--max-model-len`` are added; ``--policy`` offers only the retention
-policies that act in a live ``generate``: ``prefetch`` and ``moe-infinity`` copy experts ahead from
-a routing trace's future, which only trace replay (``oled-moe trace replay``) has, so a live model
-would silently run plain LRU under their names. ``--offload-system`` names a whole system (the
-grammar of ``offload/system.py``: retention, dispatch and allocation parts, or a preset such as
-``lru-full``), as ``oled-moe benchmark --system`` does; chat's ``--system`` is already the system
-prompt, hence the longer name. A prefetch part is refused here: prefetchers run in replay only.
+As ``vllm serve MODEL`` does, the model may be given positionally (``--model`` is kept); ``--dtype``
+and ``--max-model-len`` are added (the budget flags, ``--cache-ratio auto``, ``--max-gpu-memory``
+and ``--gpu-memory-utilization`` included, are ``cli.budget``'s, as every offloading command's).
+``--policy`` offers only the retention policies that act in a live ``generate``: ``prefetch`` and
+``moe-infinity`` copy experts ahead from a routing trace's future, which only trace replay
+(``oled-moe trace replay``) has, so a live model would silently run plain LRU under their names.
+``--offload-system`` names a whole system (the grammar of ``offload/system.py``: retention,
+dispatch and allocation parts, or a preset such as ``lru-full``), as ``oled-moe benchmark
+--system`` does; chat's ``--system`` is already the system prompt, hence the longer name. A
+prefetch part is refused here: prefetchers run in replay only.
 """
 
 from __future__ import annotations
@@ -68,15 +70,12 @@ def add_serving_model_arguments(p: argparse.ArgumentParser, max_model_len: bool 
         policy = p._actions[-1]
     policy.choices, policy.type = None, live_policy
     policy.metavar = "{" + ",".join(LIVE_POLICIES) + "}"
-    policy.help = ("expert-cache retention policy (with --cache-size or --cache-ratio; default: oled); "
+    policy.help = ("expert-cache retention policy (with a budget flag; default: oled); "
                    f"{' and '.join(REPLAY_ONLY_POLICIES)} work only in trace replay")
     p.add_argument("--offload-system", default=None, type=live_system, metavar="SYSTEM",
                    help="the offloading system by its parts, e.g. lru+cpu+reuse+adaptive, or a preset such as "
-                        "lru-full or hybrimoe (with --cache-size or --cache-ratio; instead of --policy; default: "
+                        "lru-full or hybrimoe (with a budget flag; instead of --policy; default: "
                         "none, the policy's system)")
-    p.add_argument("--cache-ratio", type=float, default=None, metavar="RATIO",
-                   help="offload experts, keeping this fraction (0 < RATIO <= 1) of the routed-expert bytes on the "
-                        "device (default: off; give this or --cache-size)")
     p.add_argument("--dtype", choices=DTYPES, default=None,
                    help="dtype to load the weights in (default: the checkpoint's)")
     if max_model_len:
@@ -95,20 +94,18 @@ def model_argument(args: argparse.Namespace) -> str | None:
 
 def loading_problem(args: argparse.Namespace) -> str | None:
     """Why these loading options cannot work together, or None (checked before anything is loaded)."""
-    if args.cache_size is not None and args.cache_ratio is not None:
-        return "--cache-size and --cache-ratio both given: pass one (expert slots per MoE layer, or a fraction of " \
-               "the expert bytes)"
-    if args.cache_size is not None and args.cache_size < 1:
-        return f"--cache-size {args.cache_size} is invalid: must be at least 1 expert slot per MoE layer"
-    if args.cache_ratio is not None and not 0.0 < args.cache_ratio <= 1.0:
-        return f"--cache-ratio {args.cache_ratio:g} is invalid: must be more than 0 and at most 1"
+    from ..cli.budget import ANY_BUDGET, budget_choices
+
+    try:
+        offloading = bool(budget_choices(args))
+    except ValueError as err:
+        return str(err)
     system = getattr(args, "offload_system", None)
     if args.policy is not None and system is not None:
         return "--policy and --offload-system both given: pass one (a retention policy, or a whole system)"
-    if args.policy is not None and args.cache_size is None and args.cache_ratio is None:
-        return "--policy needs --cache-size or --cache-ratio (the policy decides what the expert cache keeps)"
-    if system is not None and args.cache_size is None and args.cache_ratio is None:
-        return "--offload-system needs --cache-size or --cache-ratio (the system decides what the expert cache keeps)"
+    for flag, value in (("--policy", args.policy), ("--offload-system", system)):
+        if value is not None and not offloading:
+            return f"{flag} needs a budget, {ANY_BUDGET} (it decides what the expert cache keeps)"
     limit = getattr(args, "max_model_len", None)
     if limit is not None and limit < 1:
         return f"--max-model-len {limit} is invalid: must be a positive number of tokens"

@@ -6,7 +6,8 @@ Validation is by hand rather than through pydantic models so that each message n
 that changes the answer (``n > 1``, several prompts, ``logprobs``, tools, ``tool_choice:
 "required"``, ``function_call``, ``response_format`` other than text, a non-zero ``logit_bias``)
 are refused, naming the field; their neutral values (``"none"``/``"auto"``, ``{"type": "text"}``,
-``{}``) are accepted. Harmless unknown fields (``user``, ``metadata``, penalties...) are ignored,
+``{}``) are accepted. ``presence_penalty`` and ``frequency_penalty`` (OpenAI's range, -2 to 2) are
+applied (``serve/penalties.py``). Harmless unknown fields (``user``, ``metadata``...) are ignored,
 as most OpenAI-compatible servers do.
 """
 
@@ -28,6 +29,7 @@ MAX_TEMPERATURE = 2.0
 # int() raises, and below it the conversion is quadratic, so longer integer literals are refused.
 MAX_INT_DIGITS = 4300
 CLIP = 64  # characters of a client's value echoed in an error message
+PENALTY_RANGE = (-2.0, 2.0)  # presence_penalty / frequency_penalty, OpenAI's range (serve/penalties.py)
 
 
 def clip(text: str, limit: int = CLIP) -> str:
@@ -65,6 +67,8 @@ class GenerationOptions:
     seed: int | None = None
     block_length: int | None = None
     threshold: float | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
 
 @dataclass
@@ -262,6 +266,8 @@ def _options(body: dict, out: GenerationOptions) -> None:
     out.seed = _opt_int(body, "seed", *SEED_RANGE)
     out.block_length = _opt_int(body, "block_length", 1)
     out.threshold = _opt_number(body, "threshold", 0.0, 1.0)
+    for name in ("presence_penalty", "frequency_penalty"):  # OpenAI's range; 0 or absent: none
+        setattr(out, name, _opt_number(body, name, *PENALTY_RANGE) or 0.0)
 
 
 def _temperature(body: dict) -> float | None:

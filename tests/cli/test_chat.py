@@ -138,7 +138,7 @@ def test_offload_system_names_a_whole_system(tiny_path, capsys):
     for argv, message in ((["--offload-system", "lru+gate"], "has the prefetch part 'gate', which works only in "
                                                               "trace replay"),
                           (["--offload-system", "lru+nope"], "unknown part 'nope'"),
-                          (["--offload-system", "lru"], "--offload-system needs --cache-size or --cache-ratio"),
+                          (["--offload-system", "lru"], "--offload-system needs a budget, --cache-size, --cache-ratio"),
                           (["--offload-system", "lru", "--policy", "oled", "--cache-size", "4"],
                            "--policy and --offload-system both given")):
         try:

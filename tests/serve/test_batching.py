@@ -288,6 +288,34 @@ def test_the_worker_waits_only_for_requests_that_are_arriving(toy):
         engine.stop()
 
 
+def test_a_lone_request_after_a_burst_does_not_wait_for_the_burst_to_come_back(toy):
+    """Issue 35 item 5: after a batch of 8, the next lone request waited the whole --batch-wait-ms (3.03 s at
+    3000 ms) for 7 companions that were not coming. It waits only for requests the server is receiving."""
+    import time
+
+    engine = _engine(toy, max_batch_size=8, batch_wait_ms=3000)
+    pairs = _requests(engine, [{"question": q} for q in QUESTIONS])
+    for request, _ in pairs:  # queued before the worker starts: one batch of 8
+        engine.submit(request)
+    engine.start()
+    try:
+        assert all(sink.finished.wait(60) for _, sink in pairs)
+        assert (engine.metrics.batches, engine.metrics.batched_requests) == (1, 8)
+        seconds = []
+        for question in QUESTIONS[:2]:  # the first lone request after the burst, then one after a lone one
+            (lone, sink), = _requests(engine, [{"question": question}])
+            start = time.monotonic()
+            engine.submit(lone)
+            assert sink.finished.wait(60)
+            seconds.append(time.monotonic() - start)
+        assert engine.metrics.batches == 3
+        # the second is the lone-request baseline (the old rule did not delay it either); a shared CPU may be slow
+        assert seconds[0] < seconds[1] + 1.5, f"after the burst a lone request took {seconds[0]:.2f} s, " \
+                                              f"else {seconds[1]:.2f} s: it waited for companions not coming"
+    finally:
+        engine.stop()
+
+
 def test_requests_that_fit_alone_but_not_together_batch_apart(toy):
     """A long prompt and a long answer each fit the toy's 256 positions; on one canvas they would not."""
     from oled_hf.serve.engine import canvas_fits

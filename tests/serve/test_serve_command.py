@@ -38,9 +38,20 @@ def test_serve_refuses_bad_loading_and_batching_options_before_loading(capsys, t
     cases = [
         (["--policy", "prefetch", "--cache-size", "4"], "'prefetch' works only in trace replay"),
         (["--policy", "moe-infinity", "--cache-ratio", "0.5"], "'moe-infinity' works only in trace replay"),
-        (["--cache-size", "4", "--cache-ratio", "0.5"], "--cache-size and --cache-ratio both given"),
+        (["--cache-size", "4", "--cache-ratio", "0.5"],
+         "give one of --cache-size, --cache-ratio or --max-gpu-memory, not --cache-size and --cache-ratio"),
         (["--cache-ratio", "1.5"], "--cache-ratio 1.5 is invalid: must be more than 0 and at most 1"),
-        (["--policy", "lru"], "--policy needs --cache-size or --cache-ratio"),
+        (["--cache-size", "0"], "--cache-size 0 is invalid: must be at least 1 expert slot per MoE layer"),
+        (["--policy", "lru"], "--policy needs a budget, --cache-size, --cache-ratio, --max-gpu-memory or "
+                              "--gpu-memory-utilization"),
+        (["--max-gpu-memory", "20GiB", "--cache-size", "4"], "not --cache-size and --max-gpu-memory"),
+        (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization 1.5 is invalid: must be more than 0 and "
+                                              "at most 1"),
+        (["--gpu-memory-utilization", "0"], "--gpu-memory-utilization 0 is invalid"),
+        (["--gpu-memory-utilization", "0.8", "--cache-ratio", "0.5"],
+         "--gpu-memory-utilization 0.8 sizes the expert cache from the device (as --cache-ratio auto does), so it "
+         "cannot be combined with --cache-ratio"),
+        (["--max-gpu-memory", "lots"], "argument --max-gpu-memory: --max-gpu-memory='lots' is invalid"),
         (["--max-model-len", "5000"], "--max-model-len 5000 is more than the model's max_position_embeddings of 4096"),
         (["--max-model-len", "0"], "--max-model-len 0 is invalid"),
         (["--dtype", "int8"], "argument --dtype: invalid choice: 'int8'"),
