@@ -49,6 +49,11 @@ CANDIDATES: dict[str, tuple[str, list[dict[str, Any]]]] = {
     "value-conf": ("value+cpu+reuse+adaptive", [{"retention.decay": d, "retention.confidence_weight": 0.5,
                                                  "dispatch.reuse_copies": n} for d in (0.8, 0.95) for n in (2, 4)]),
     "value-amort": ("value+cpu+adaptive", [{"retention.decay": d} for d in (0.7, 0.8, 0.9, 0.95)]),
+    "mix": ("mix+cpu+reuse+adaptive", [{"retention.eta": e, "retention.value_decay": d}
+                                       for e in (2.0, 8.0) for d in (0.9, 0.97)]),
+    "oled-dram": ("oled", [{"dispatch.reuse_copies": n, "dispatch.shared_dram": True} for n in (1, 2, 4, 8)]),
+    "value-admit": ("value+cpu+reuse+adaptive", [{"retention.decay": d, "dispatch.admit": True}
+                                                 for d in (0.8, 0.9, 0.95, 0.99)]),
 }
 
 

@@ -32,6 +32,10 @@ takes it only if its retention priority exceeds that victim's (highest copy agai
 victim), else it runs on the CPU (``kernels._admit_by_value``). Rule 4 already asks the same of its
 reuse copies, so with ``admit`` retention and admission both read the one value, the priority.
 
+Knob ``shared_dram`` (off by default): the dispatcher charges a read-bound CPU expert at the rate
+host DRAM leaves it while the copy engine reads it too (``CostModel.cpu_shared_fixed_s``; equal to
+the plain rate where the believed DRAM bandwidth covers both), the sharing replay times.
+
 The dispatcher decides from the cost model it is given, its *belief*; replay may time the run with
 another (``CostModel.believed``).
 """
@@ -76,6 +80,7 @@ class Dispatcher:
         reuse_copies: int = 0,
         reuse_min: float = 1.0,
         admit: bool = False,
+        shared_dram: bool = False,
     ) -> None:
         """``cpu_compute`` off: mode ``copy``; else ``cpu``, or ``cpu+reuse`` with ``reuse_copies`` > 0.
 
@@ -96,18 +101,19 @@ class Dispatcher:
         self.reuse_copies = reuse_copies
         self.reuse_min = float(reuse_min)
         self.admit = bool(admit)
+        self.shared_dram = bool(shared_dram)
         self._costs: tuple[CostModel | None, np.ndarray] | None = None
 
     @classmethod
     def for_mode(cls, mode: str, cost_model: CostModel | None, *, reuse_copies: int = 2,
-                 reuse_min: float = 1.0, admit: bool = False) -> Dispatcher:
+                 reuse_min: float = 1.0, admit: bool = False, shared_dram: bool = False) -> Dispatcher:
         """The dispatcher of a system's dispatch part (``DISPATCH_MODES``)."""
         if mode not in DISPATCH_MODES:
             raise ValueError(f"dispatch={mode!r} is unknown; allowed: {', '.join(DISPATCH_MODES)}")
         if mode == "copy":
             return cls(cost_model, "off", reuse_copies=0)
         return cls(cost_model, "on", reuse_copies=reuse_copies if mode == "cpu+reuse" else 0, reuse_min=reuse_min,
-                   admit=admit)
+                   admit=admit, shared_dram=shared_dram)
 
     @property
     def mode(self) -> str:
@@ -128,7 +134,8 @@ class Dispatcher:
         if self._costs is None or self._costs[0] is not cm:
             costs = np.zeros(7 if self.admit else 6)
             if cm is not None and self.cpu_enabled:
-                costs[:6] = (cm.copy_time(), cm.cpu_overhead_s, cm.cpu_expert_fixed_s, cm.cpu_s_per_token,
+                fixed = cm.cpu_shared_fixed_s if self.shared_dram else cm.cpu_expert_fixed_s
+                costs[:6] = (cm.copy_time(), cm.cpu_overhead_s, fixed, cm.cpu_s_per_token,
                              cm.gpu_expert_fixed_s, cm.gpu_s_per_token)
                 if self.admit:
                     costs[6] = 1.0

@@ -12,7 +12,7 @@ A gain is then credited to the part that differs. Grammar of a system string (``
 
     RETENTION [+PREFETCH] [+DISPATCH] [+ALLOCATION]     parts joined by '+', in this order
     RETENTION  = oled | lru | lfu | static | tide | moe-infinity | score | phase | previous-set
-                 | value | next-oracle | belady                     (the last two: oracles, replay only)
+                 | value | mix | next-oracle | belady                     (the last two: oracles, replay only)
     PREFETCH   = none | gate | gate-capped | matrix     (default none)
     DISPATCH   = copy | cpu | cpu+reuse                  (default copy)
     ALLOCATION = uniform | adaptive                      (default uniform)
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from .config import OffloadConfig
 
 RETENTIONS = ("oled", "lru", "lfu", "static", "tide", "moe-infinity", "score", "phase", "previous-set",
-              "value", "next-oracle", "belady")
+              "value", "mix", "next-oracle", "belady")
 REPLAY_ONLY_RETENTIONS = ("next-oracle", "belady")  # oracles of the report's ladder: they read the trace's future
 ALLOCATIONS = ("uniform", "adaptive")
 KNOB_PARTS = ("retention", "prefetch", "dispatch")
@@ -237,15 +237,18 @@ def legacy_config_fields(system: System) -> dict[str, Any]:
 def build_dispatcher(system: System, cost_model: CostModel | None) -> Dispatcher:
     """The dispatch part, deciding from ``cost_model`` (the believed one)."""
     dk = system.part_knobs("dispatch")
-    unknown = set(dk) - {"reuse_copies", "reuse_min", "admit"}
+    unknown = set(dk) - {"reuse_copies", "reuse_min", "admit", "shared_dram"}
     if unknown:
         raise ValueError(f"unknown dispatch knob(s): {', '.join(sorted(unknown))}; known: reuse_copies, reuse_min, "
-                         "admit")
-    admit = dk.get("admit", False)
-    if not isinstance(admit, (bool, int)) or admit not in (0, 1):
-        raise ValueError(f"dispatch knob admit={admit!r} is invalid: must be true or false")
+                         "admit, shared_dram")
+    flags = {}
+    for name in ("admit", "shared_dram"):
+        v = dk.get(name, False)
+        if not isinstance(v, (bool, int)) or v not in (0, 1):
+            raise ValueError(f"dispatch knob {name}={v!r} is invalid: must be true or false")
+        flags[name] = bool(v)
     return Dispatcher.for_mode(system.dispatch, cost_model, reuse_copies=int(dk.get("reuse_copies", 2)),
-                               reuse_min=float(dk.get("reuse_min", 1.0)), admit=bool(admit))
+                               reuse_min=float(dk.get("reuse_min", 1.0)), **flags)
 
 
 def build_policy(system: System, num_layers: int, num_experts: int, config: OffloadConfig):

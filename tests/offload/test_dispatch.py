@@ -115,3 +115,23 @@ def test_cpu_overhead_is_charged_once_per_batch():
                                            * (3 if g0 else 0) + cm.gpu_s_per_token * (3 if g0 else 0))
         j = int(mask.sum())
         assert spans[j] == pytest.approx(min(spans)), (tokens, reuse, room)
+
+
+def test_shared_dram_knob_charges_cpu_experts_at_the_rate_dma_leaves():
+    """Dispatch knob ``shared_dram``: with host DRAM at 100 GB/s and DMA taking 50, a read-bound CPU
+    expert runs at half its rate; the dispatcher that knows it copies more misses (8 one-token misses:
+    4 copies instead of 2). Off (every preset) it keeps the unshared rate; at 200 GB/s nothing changes."""
+    from oled_hf.offload.system import build_dispatcher, parse_system
+
+    cm = CM.with_overrides(host_dram_gbps=100)
+    plain = build_dispatcher(parse_system("lru+cpu"), cm)
+    shared = build_dispatcher(parse_system("lru+cpu").with_knobs(dispatch__shared_dram=True), cm)
+    assert plain.kernel_costs()[2] == cm.cpu_expert_fixed_s
+    assert shared.kernel_costs()[2] == pytest.approx(2 * cm.cpu_expert_fixed_s)
+    tokens, reuse = np.ones(8, dtype=np.int64), np.zeros(8)
+    assert plain.decide(tokens, reuse, None, 8, np.array([])).sum() == 2
+    assert shared.decide(tokens, reuse, None, 8, np.array([])).sum() == 4
+    roomy = build_dispatcher(parse_system("lru+cpu").with_knobs(dispatch__shared_dram=True), CM)
+    assert roomy.kernel_costs()[2] == CM.cpu_expert_fixed_s  # 200 - 50 >= 100 GB/s: no sharing
+    with pytest.raises(ValueError, match="dispatch knob shared_dram='yes' is invalid"):
+        build_dispatcher(parse_system("lru+cpu").with_knobs(dispatch__shared_dram="yes"), CM)

@@ -236,3 +236,23 @@ def test_value_policy_confidence_multiplier_and_knob_errors():
                        ({"cpu_knee": 0}, "value cpu_knee=0 is invalid")):
         with pytest.raises(ValueError, match=msg):
             _value(**knobs)
+
+
+def test_mix_moves_its_weight_to_the_ranking_with_fewer_virtual_misses():
+    """``mix``: where the requests recur by popularity across a stream that one-iteration confidence
+    forgets (a popular set interleaved with one-off experts), the frequency ranking's virtual cache
+    misses less and gets the weight; its priority is the weighted mix of the two rankings."""
+    from oled_hf.offload.policies.mix import MixPolicy
+
+    p = MixPolicy(1, 16, eta=8.0, gamma=0.9)
+    p.set_capacities([4])
+    rng = np.random.default_rng(0)
+    for clock in range(1, 60):
+        popular = [0, 1, 2, 3] if clock % 2 else [int(x) for x in rng.choice(np.arange(4, 16), 4, replace=False)]
+        p.observe_access(0, ids_of(popular), None, clock)
+    assert p.weight(0) < 0.5  # value (frequency) leads
+    prio = p.priority_array(0)
+    assert set(np.argsort(-prio)[:4].tolist()) == {0, 1, 2, 3}
+    assert p.predicted_reuse(0).shape == (16,)
+    with pytest.raises(ValueError, match="mix gamma=1.0 is invalid"):
+        MixPolicy(1, 4, gamma=1.0)

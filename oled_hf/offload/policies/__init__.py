@@ -4,6 +4,7 @@ prefetch part (``prefetch.py``)."""
 from .base import CachePolicy, available_policies, make_policy
 from .lfu import LFUPolicy
 from .lru import LRUPolicy, PrefetchPolicy
+from .mix import MixPolicy
 from .moe_infinity import MoEInfinityPolicy
 from .oled import OledPolicy
 from .oracle import BeladyPolicy, NextOraclePolicy, PreviousSetPolicy
@@ -19,6 +20,7 @@ __all__ = [
     "CachePolicy",
     "LFUPolicy",
     "LRUPolicy",
+    "MixPolicy",
     "MoEInfinityPolicy",
     "NextOraclePolicy",
     "OledPolicy",
