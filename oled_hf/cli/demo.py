@@ -25,7 +25,9 @@ from .common import (
 )
 from .demo_report import (
     SOLVED_AT,
+    TERMS,
     Live,
+    budget_line,
     check_mark,
     heldout_entry,
     left_out_line,
@@ -38,6 +40,7 @@ from .demo_report import (
 )
 
 DEFAULT_PROMPTS = ["What is 123+456?", "Tell me about the sea."]
+WARMUP_RUNS = 1  # untimed round-robin passes before the timed ones (their one-off costs would be outliers)
 CPU_TIMES_NOTE = ("  on a CPU the offloaded runs are not expected to be faster: host and device are the same "
                   "memory,\n  so a copy saves nothing; the point is the device memory above")
 
@@ -151,6 +154,36 @@ def _check_args(args: argparse.Namespace) -> None:
             raise ValueError(f"{flag} {value} is invalid: must be >= 1")
 
 
+def timed_runs(systems: list[Live], encoded: list, reference: list, gen: dict, runs: int, *,
+               warmup_runs: int = WARMUP_RUNS, sync=lambda: None, clock=time.perf_counter) -> None:
+    """Time ``runs`` passes over the prompts into each system's ``seconds``/``tokens``, after ``warmup_runs``.
+
+    Round-robin: per prompt every system in turn, the order rotating with the run and the prompt.
+    Every pass is checked token for token against ``reference`` (``identical``), the warm-up ones
+    too, but the warm-up passes are not timed: the counted first pass already warmed the caches,
+    yet the first timed pass could still pay one-off costs (allocator growth, kernels for new
+    shapes: a reported range was 1.90-25.65 ms per token), an outlier no later run repeats.
+    """
+    import torch
+
+    for r in range(warmup_runs + runs):
+        seconds, tokens = {s.name: 0.0 for s in systems}, {s.name: 0 for s in systems}
+        for i, inputs in enumerate(encoded):
+            for k in range(len(systems)):
+                s = systems[(k + r + i) % len(systems)]
+                sync()
+                start = clock()
+                out = s.model.generate(**inputs, **gen)
+                sync()
+                seconds[s.name] += clock() - start
+                tokens[s.name] += out.sequences.shape[1] - inputs["input_ids"].shape[1]
+                s.identical &= torch.equal(out.sequences, reference[i])
+        if r >= warmup_runs:
+            for s in systems:
+                s.seconds.append(seconds[s.name])
+                s.tokens.append(tokens[s.name])
+
+
 def demo(args: argparse.Namespace) -> int:
     import torch
     from transformers import AutoModelForCausalLM
@@ -179,8 +212,8 @@ def demo(args: argparse.Namespace) -> int:
     lru = AutoModelForCausalLM.from_pretrained(path, offload_config=same, **load).eval()
     systems = [Live("resident", resident), Live("oled", oled), Live("lru-full", lru)]
     print(f"model: {path} ({type(oled).__name__}, {oled.num_parameters() / 1e6:.2f}M parameters), on {device}")
-    print(f"budget: cache ratio {args.cache_ratio}: {stats['slots_per_layer']:.1f} expert slots per MoE layer "
-          f"({stats['total_slots']} in all)")
+    print(budget_line(args.cache_ratio, stats, oled.config.num_experts))
+    print(TERMS)
     print(memory_table(routed_expert_bytes(resident), stats))
     if left_out:
         print(left_out)
@@ -217,23 +250,9 @@ def demo(args: argparse.Namespace) -> int:
     for s in systems[1:]:
         s.stats = s.model.offload_stats()
     sync = torch.cuda.synchronize if resident.device.type == "cuda" else (lambda: None)
-    for r in range(args.runs):  # timed: per prompt every system in turn, the order rotating
-        seconds, tokens = {s.name: 0.0 for s in systems}, {s.name: 0 for s in systems}
-        for i, inputs in enumerate(encoded):
-            for k in range(len(systems)):
-                s = systems[(k + r + i) % len(systems)]
-                sync()
-                start = time.perf_counter()
-                out = s.model.generate(**inputs, **gen)
-                sync()
-                seconds[s.name] += time.perf_counter() - start
-                tokens[s.name] += out.sequences.shape[1] - inputs["input_ids"].shape[1]
-                s.identical &= torch.equal(out.sequences, reference[i])
-        for s in systems:
-            s.seconds.append(seconds[s.name])
-            s.tokens.append(tokens[s.name])
+    timed_runs(systems, encoded, reference, gen, args.runs, sync=sync)
     print()
-    print(live_table(systems, len(prompts)))
+    print(live_table(systems, len(prompts), WARMUP_RUNS))
     print(f"  {cpu_compute_note(stats)}")
     if device == "cpu":
         print(CPU_TIMES_NOTE)

@@ -81,6 +81,39 @@ def table(rows: list[list[str]]) -> str:
                      for r in rows)
 
 
+TERMS = (  # the demo's words for a newcomer, printed under the budget line
+    "terms: a slot holds one routed expert's weights on the device; a hit: an expert a token needs is in a slot;\n"
+    "  a miss is copied from the host store (bytes copied) or run on the CPU (CPU expert-tokens); x fused: time per\n"
+    "  token over the time with every expert resident; physical bound: the least time any cache could take here"
+)
+
+
+def slot_range(capacities: list[int]) -> str:
+    """Whole slots per layer: ``102`` when every layer has as many, else ``102-103`` (never a mean like 102.3)."""
+    low, high = min(capacities), max(capacities)
+    return str(low) if low == high else f"{low}-{high}"
+
+
+def even_split(total_slots: int, num_layers: int) -> list[int]:
+    """``total_slots`` dealt over ``num_layers`` as evenly as whole slots go (the first layers get one more)."""
+    base, extra = divmod(int(total_slots), int(num_layers))
+    return [base + (i < extra) for i in range(num_layers)]
+
+
+def budget_line(cache_ratio, stats: dict, num_experts: int) -> str:
+    """The budget in whole slots: per layer (range), in all, and as a share of every routed expert.
+
+    With the ``adaptive`` allocation (oled's and lru-full's) slots then move between layers, so
+    the live table's row, read after the first pass, may show a wider range; the line says so.
+    """
+    capacities = [int(layer["capacity"]) for layer in stats["layers"]]
+    share = stats["total_slots"] / (len(capacities) * num_experts)
+    moves = stats.get("system", "").endswith("+adaptive")
+    return (f"budget: cache ratio {cache_ratio}: {slot_range(capacities)} expert slots per MoE layer of its "
+            f"{num_experts} experts ({stats['total_slots']} slots over {len(capacities)} MoE layers, {share:.1%})"
+            + ("; the allocation then moves slots to the layers that miss most" if moves else ""))
+
+
 def memory_table(resident_bytes: int, stats: dict) -> str:
     """Device expert bytes resident vs offloaded, and the host store only offloading needs."""
     share = stats["pool_bytes"] / resident_bytes if resident_bytes else float("nan")
@@ -106,7 +139,7 @@ class Live:
         return [1e3 * s / max(t, 1) for s, t in zip(self.seconds, self.tokens)]
 
 
-def live_table(systems: list[Live], n_prompts: int) -> str:
+def live_table(systems: list[Live], n_prompts: int, warmup_runs: int = 1) -> str:
     """Per system: slots, hit rate, bytes copied, CPU expert-tokens, identical tokens, ms per token."""
     runs = len(systems[0].seconds)
 
@@ -114,7 +147,8 @@ def live_table(systems: list[Live], n_prompts: int) -> str:
         if s.stats is None:
             return "-"
         total = s.stats["total"]
-        return {"slots": f"{s.stats['slots_per_layer']:.1f}", "hit": f"{total['hit_rate']:.3f}",
+        capacities = [int(layer["capacity"]) for layer in s.stats["layers"]]
+        return {"slots": slot_range(capacities), "hit": f"{total['hit_rate']:.3f}",
                 "bytes": mib(total["bytes_copied"]), "cpu": str(total["cpu_expert_tokens"])}[key]
 
     def timing(s: Live) -> str:
@@ -122,15 +156,17 @@ def live_table(systems: list[Live], n_prompts: int) -> str:
         return f"{statistics.median(ms):.2f} ({min(ms):.2f}-{max(ms):.2f})" if ms else "-"
 
     rows = [["live, this machine", *(s.name for s in systems)],
-            ["expert slots per MoE layer", *(cell(s, "slots") if s.stats else "all" for s in systems)],
+            ["expert slots per MoE layer (end of first pass)",
+             *(cell(s, "slots") if s.stats else "all" for s in systems)],
             ["hit rate (first pass)", *(cell(s, "hit") for s in systems)],
             ["bytes copied (first pass)", *(cell(s, "bytes") for s in systems)],
             ["CPU expert-tokens (first pass)", *(cell(s, "cpu") for s in systems)],
             ["tokens identical to resident", *("-" if s.stats is None else "yes" if s.identical else "NO"
                                                for s in systems)],
             [f"ms per token, median (min-max) of {runs}", *(timing(s) for s in systems)]]
-    return table(rows) + (f"\n  times: {runs} run(s) over {n_prompts} prompt(s), round-robin (per prompt the systems "
-                          "take turns, the order rotating);\n  median and range of the per-run ms per token")
+    return table(rows) + (f"\n  times: {runs} run(s) over {n_prompts} prompt(s) after {warmup_runs} untimed warm-up "
+                          "run(s), round-robin (per prompt the systems take turns,\n  the order rotating); median and "
+                          "range of the per-run ms per token")
 
 
 def projection(trace, total_slots: int, systems: tuple[str, ...] = SYSTEMS) -> str:
@@ -153,8 +189,8 @@ def projection(trace, total_slots: int, systems: tuple[str, ...] = SYSTEMS) -> s
                       offload_config=budget, cost_model=cm, planner_s=PLANNER_S, warmup_sequences=warm)
                for name in systems]
     bound = physical_bound(trace, cm, total_slots, warm).ratio_to_full
-    fused_ms, slots = 1e3 * results[0].full_tpot_s, f"{total_slots / L:.1f}"
-    rows = [["system", "slots/layer", "hit rate", "TPOT ms", "x fused"]]
+    fused_ms, slots = 1e3 * results[0].full_tpot_s, slot_range(even_split(total_slots, L))
+    rows = [["system", "slots/layer at start", "hit rate", "TPOT ms", "x fused"]]
     rows += [[r.policy, slots, f"{r.hit_rate:.3f}", f"{1e3 * r.tpot_s:.3f}", f"{r.ratio_to_full:.2f}"]
              for r in results]
     rows.append(["physical bound", slots, "-", f"{fused_ms * bound:.3f}", f"{bound:.2f}"])
@@ -162,13 +198,11 @@ def projection(trace, total_slots: int, systems: tuple[str, ...] = SYSTEMS) -> s
     head = (f"projection (simulated, not measured): this run's routing ({L} MoE layers) timed as "
             f"LLaDA2.0-mini on H200 + PCIe 5")
     notes = [f"  expert {mib(cm.expert_bytes)}, H2D {cm.h2d_bytes_per_s / 1e9:g} GB/s, planner "
-             f"{PLANNER_S * 1e6:g} us per layer access, reuse copies 1 (the report's tuned setting for both)",
-             "  the simulated machine has an accelerator: misses may run on its CPU, so hit rates differ "
-             "from the live rows",
-             "  x fused = TPOT / full residency as a fused MoE; lru-full = LRU with oled's dispatch and "
-             "allocation,",
-             "  the report's strongest fair baseline; physical bound: the least time any system could take "
-             "(oled_hf/sim/bound.py)"]
+             f"{PLANNER_S * 1e6:g} us per layer access; TPOT = time per output token; the simulated machine has an",
+             "  accelerator, so misses may run on its CPU and hit rates differ from the live rows; both systems also "
+             "copy, per layer",
+             "  access, 1 CPU-run miss they expect to need again (reuse_copies=1, the report's tuned setting); "
+             "bound: oled_hf/sim/bound.py"]
     return "\n".join([head, table(rows), *notes])
 
 

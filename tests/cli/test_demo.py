@@ -3,11 +3,23 @@ residency, round-robin times, and a labelled projection of the run's own routing
 
 import argparse
 import json
+import re
+from types import SimpleNamespace
 
 import pytest
 
-from oled_hf.cli.demo import BlockPrinter, default_prompts
-from oled_hf.cli.demo_report import check_mark, heldout_entry, left_out_line, solved_tasks
+from oled_hf.cli.demo import BlockPrinter, default_prompts, timed_runs
+from oled_hf.cli.demo_report import (
+    TERMS,
+    Live,
+    check_mark,
+    even_split,
+    heldout_entry,
+    left_out_line,
+    live_table,
+    slot_range,
+    solved_tasks,
+)
 
 FAST = ["--prompt", "hello", "--max-new-tokens", "16", "--block-length", "8", "--runs", "1"]
 PROJECTION = ("projection (simulated, not measured): this run's routing (3 MoE layers) timed as LLaDA2.0-mini "
@@ -32,14 +44,25 @@ def test_demo_shows_memory_identical_tokens_and_the_projection(tiny_path, capsys
     assert _row(out, "host: expert store")[0] == "-"
     assert _row(out, "live, this machine") == ["resident", "oled", "lru-full"]
     assert _row(out, "tokens identical to resident") == ["-", "yes", "yes"]
-    slots = _row(out, "expert slots per MoE layer")
+    slots = _row(out, "expert slots per MoE layer (end of first pass)")
     assert slots[0] == "all" and slots[1] == slots[2]  # the same budget for oled and lru-full
+    assert re.fullmatch(r"\d+(-\d+)?", slots[1]), slots  # whole slots, never a mean such as 102.3
+    budget = re.search(r"^budget: cache ratio 0\.4: (\d+(?:-\d+)?) expert slots per MoE layer of its (\d+) "
+                       r"experts \((\d+) slots over (\d+) MoE layers, (\d+\.\d)%\); the allocation then moves "
+                       r"slots to the layers that miss most$", out, re.M)
+    total, layers, experts = int(budget.group(3)), int(budget.group(4)), int(budget.group(2))
+    assert budget.group(1) == slot_range(even_split(total, layers))  # at the start: as even as whole slots go
+    assert budget.group(5) == f"{100 * total / (layers * experts):.1f}"
+    assert TERMS in out and "x fused:" in TERMS and "physical bound:" in TERMS and len(TERMS.splitlines()) == 3
+    assert "after 1 untimed warm-up run(s)" in out
+    assert "reuse copies 1" not in out and "reuse_copies=1, the report's tuned setting" in out
     assert len(_row(out, "hit rate (first pass)")) == 3 and len(_row(out, "CPU expert-tokens (first pass)")) == 3
     assert "ms per token, median (min-max) of 1" in out and "round-robin" in out
     assert "CPU compute off (auto: no accelerator" in out and "not expected to be faster" in out
     projection = out.split(PROJECTION, 1)[1]
     for system in ("oled", "lru-full", "physical bound", "fused residency"):
         assert len(_row(projection, system)) >= 4, system
+    assert _row(projection, "oled")[0] == slot_range(even_split(total, layers))
     assert "tokens identical to resident for every system: yes" in out
 
 
@@ -159,3 +182,42 @@ def test_the_demo_switches_to_the_deep_toy_only_when_every_task_is_solved(tmp_pa
     assert demo.default_demo_model() == long.LONG_CHECKPOINT
     report(0.95)
     assert demo.default_demo_model() == deep
+
+
+def test_whole_slots_per_layer():
+    assert slot_range([103, 102, 102]) == "102-103" and slot_range([40, 40]) == "40"
+    assert even_split(307, 3) == [103, 102, 102] and sum(even_split(307, 3)) == 307
+    assert even_split(6, 3) == [2, 2, 2]
+
+
+class FakeModel:
+    """A ``generate`` that costs ``costs[call]`` seconds of a fake clock and returns fixed tokens."""
+
+    def __init__(self, clock: list[float], costs: list[float], tokens):
+        self.clock, self.costs, self.tokens, self.calls = clock, costs, tokens, 0
+
+    def generate(self, **kwargs):
+        self.clock[0] += self.costs[min(self.calls, len(self.costs) - 1)]
+        self.calls += 1
+        return SimpleNamespace(sequences=self.tokens)
+
+
+def test_timing_leaves_the_warm_up_run_out():
+    """The first timed pass's one-off costs (here 25 s a call) never reach the figures (before: 1.9-25.65 ms)."""
+    import torch
+
+    now = [0.0]
+    prompt = {"input_ids": torch.zeros(1, 3, dtype=torch.long)}
+    answer = torch.arange(8).reshape(1, 8)  # 5 new tokens
+    systems = [Live(name, FakeModel(now, [25.0, 0.01], answer)) for name in ("resident", "oled", "lru-full")]
+    timed_runs(systems, [prompt, prompt], [answer, answer], {}, runs=3, clock=lambda: now[0])
+    for s in systems:
+        assert s.model.calls == 2 * 4  # 2 prompts x (1 warm-up + 3 timed runs)
+        assert s.seconds == pytest.approx([0.02] * 3) and s.tokens == [10] * 3
+        assert s.ms_per_token() == pytest.approx([2.0] * 3) and s.identical
+    text = live_table(systems, 2, 1)
+    assert _row(text, "ms per token, median (min-max) of 3") == ["2.00", "(2.00-2.00)"] * 3
+    assert "3 run(s) over 2 prompt(s) after 1 untimed warm-up run(s)" in text
+    wrong = [Live("resident", FakeModel(now, [0.01], answer)), Live("oled", FakeModel(now, [0.01], answer + 1))]
+    timed_runs(wrong, [prompt], [answer], {}, runs=1, clock=lambda: now[0])
+    assert [s.identical for s in wrong] == [True, False]  # warm-up and timed passes are both checked
