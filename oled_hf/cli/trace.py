@@ -79,24 +79,42 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=lambda args: p.print_help() or 2)
 
 
+PROMPT_KEYS = ("prompt", "question", "text")
+
+
 def read_prompts(path: str) -> list[str]:
+    """The prompts of a text file (one a line) or JSONL (``prompt`` / ``question`` / ``text``), blank lines skipped."""
     if not Path(path).is_file():
         raise ValueError(f"--prompts {path}: no such file (a text file, one prompt a line, or JSONL)")
-    text = Path(path).read_text().splitlines()
     prompts = []
-    for line in text:
+    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
         line = line.strip()
         if not line:
             continue
         if line.startswith("{"):
-            row = json.loads(line)
-            line = row.get("prompt") or row.get("question") or row.get("text")
-            if line is None:
-                raise ValueError(f"{path}: JSON line without 'prompt', 'question' or 'text': {row}")
+            line = _json_prompt(path, number, line)
         prompts.append(line)
     if not prompts:
         raise ValueError(f"{path} holds no prompts")
     return prompts
+
+
+def _json_prompt(path: str, number: int, line: str) -> str:
+    """The prompt of one JSONL line: the first of PROMPT_KEYS present, a non-empty string (an empty one
+    is an error, not a reason to read the next key)."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}:{number}: not a JSON object ({err.msg}); give one prompt a line or JSONL") from None
+    if not isinstance(row, dict):
+        raise ValueError(f"{path}:{number}: a JSON {type(row).__name__}, not an object with 'prompt'")
+    key = next((k for k in PROMPT_KEYS if k in row), None)
+    if key is None:
+        raise ValueError(f"{path}:{number}: JSON line without 'prompt', 'question' or 'text'")
+    value = row[key]
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{path}:{number}: {key}={value!r} is invalid: must be a non-empty string")
+    return value
 
 
 def check_record_paths(prompts: str, out: str, overwrite: bool = False) -> None:

@@ -81,7 +81,8 @@ class TraceRecorder(IterationObserver):
                                   dtype_bytes=dtype_bytes, model=str(getattr(cfg, "_name_or_path", "")),
                                   decoding=decoding)
         # decoder layers before the first MoE layer: lets figures number layers as model.layers does
-        self.writer.header["first_k_dense_replace"] = int(getattr(cfg, "first_k_dense_replace", 0) or 0)
+        dense = getattr(cfg, "first_k_dense_replace", None)  # absent (None): no dense layers before the MoE ones
+        self.writer.header["first_k_dense_replace"] = 0 if dense is None else int(dense)
         if cost_model is not None:
             self.writer.header["cost_model"] = dict(vars(cost_model))
         self.path = path

@@ -121,3 +121,20 @@ def test_a_failed_final_write_is_one_line_and_leaves_nothing(tiny_path, tmp_path
     assert one_line_error(capsys) == (f"[Errno 28] could not write {out}: No space left on device; nothing was "
                                       "written there")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.txt"]
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"prompt": 5}', "prompt=5 is invalid: must be a non-empty string"),
+    ('{"prompt": "", "question": "a fallback"}', "prompt='' is invalid: must be a non-empty string"),
+    ('{"prompt": "unclosed', "not a JSON object (Unterminated string"),
+    ('{"answer": "4"}', "JSON line without 'prompt', 'question' or 'text'"),
+])
+def test_a_bad_jsonl_prompt_names_its_line(tmp_path, line, message):
+    """Before: 5 reached the tokenizer (a traceback), "" silently became the question, bad JSON named no file."""
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "fine"}\n' + line + "\n")
+    with pytest.raises(ValueError) as err:
+        trace_cli.read_prompts(str(path))
+    assert str(err.value).startswith(f"{path}:2: {message}"), str(err.value)
+    path.write_text('{"question": "q"}\n\nplain text\n')
+    assert trace_cli.read_prompts(str(path)) == ["q", "plain text"]
