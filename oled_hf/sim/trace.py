@@ -7,7 +7,10 @@ the same timeline, so policies hear routing and events in the live order (a forw
 first, then its event).
 
 On disk: one ``torch.save`` file holding a dict of flat tensors (ids as int16, gate weights as
-float16, ragged parts as offsets), loadable with ``weights_only=True``.
+float16, ragged parts as offsets), loadable with ``weights_only=True``, written atomically (a
+temporary file beside it, then a rename). Every trace, loaded or built in memory, passes
+:func:`~oled_hf.sim.trace_format.check_trace_data` first: each field's type, shape and range, and
+the memory readers would size from the header.
 
 Version 2 adds, per forward and MoE layer, *predicted* routes (``pred_ids`` / ``pred_weights``,
 shaped like ``topk_ids``): for layer l >= 1, layer l's router applied to the hidden state leaving
