@@ -1,7 +1,8 @@
 """lm-eval integration: the ``oled_llada2`` model, offline tasks, offload parity.
 
 Importing this package is cheap; :func:`register` imports lm-eval and registers the model (the
-adapter module registers it at import). ``oled-moe eval`` and ``eval/parity.py`` are the entry points.
+adapter module registers it at import). The entry points: ``oled-moe eval``, ``oled-lm-eval``
+(:mod:`.lm_eval_cli`, lm-eval's own CLI with the model registered) and ``eval/parity.py``.
 """
 
 from __future__ import annotations
