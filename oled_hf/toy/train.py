@@ -366,7 +366,7 @@ def train_toy(
         report["expert_load"] = expert_load_stats(model, canvases, GENERATION["block_length"])
         report["eval_seconds"] = round(time.perf_counter() - eval_start, 1)
         log(f"held-out exact match {report['heldout']['exact_match']:.4f} on {eval_n}, "
-            f"{report['heldout']['tokens_per_iteration']:.2f} tokens/iteration")
+            f"{report['heldout']['tokens_per_iteration']:.2f} tokens/iteration, {report['eval_seconds']} s")
     if save:
         model.generation_config = GenerationConfig(
             eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, bos_token_id=config.bos_token_id,

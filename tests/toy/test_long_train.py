@@ -31,7 +31,7 @@ def test_same_seed_same_weights(tmp_path):
     assert not all(torch.equal(sa[k], sc[k]) for k in sa)
 
 
-def test_command_saves_checkpoint_and_report(tmp_path, monkeypatch):
+def test_command_saves_checkpoint_and_report(tmp_path, monkeypatch, capsys):
     import oled_hf.toy.long.train as train_mod
 
     monkeypatch.setattr(train_mod, "LONG_MODEL", {**train_mod.LONG_MODEL, **MICRO})
@@ -40,6 +40,7 @@ def test_command_saves_checkpoint_and_report(tmp_path, monkeypatch):
           "--eval-n", "2", "--eval-every", "0", "--warmup", "1"])
     report = json.loads((out / REPORT_NAME).read_text())
     assert report["tasks"] == ["reverse:1:24-24", "count:2:10-10"] and report["steps"] == 2
+    assert "held-out evaluation (2 per task): done, 2/2 setting in " in capsys.readouterr().err  # a log's duration
     assert report["command"][:3] == ["python", "-m", "oled_hf.toy.long.train"]
     assert [r["block_length"] for r in report["heldout"]] == [16, 32]
     assert [t.name for t in load_mix(out)] == ["reverse", "count"]

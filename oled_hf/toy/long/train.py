@@ -245,8 +245,10 @@ def train_long(
         _save(model, out, config, report)
     if eval_n:
         eval_start = time.perf_counter()
+        settings = progress(((16, 0.95), (32, 0.9)), desc=f"held-out evaluation ({eval_n} per task)",
+                            unit="setting", quiet=quiet)  # minutes: a log gets the duration
         report["heldout"] = [evaluate(model, tokenizer, mix, n=eval_n, block_length=b, threshold=thr)
-                             for b, thr in ((16, 0.95), (32, 0.9))]
+                             for b, thr in settings]
         report["eval_seconds"] = round(time.perf_counter() - eval_start, 1)
         if save:
             (out / REPORT_NAME).write_text(json.dumps(report, indent=2) + "\n")
