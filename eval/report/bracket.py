@@ -1,0 +1,79 @@
+"""Bracket the optimum on a trace: the LP lower bound (windows), the greedy offline schedule, and systems.
+
+    .venv/bin/python eval/report/bracket.py TRACE [--sizes 15 25 40] [--window 2] [--max-forwards N]
+
+Prints, per cache size (percent of expert memory): the valid LP bound (``oled_hf/sim/lp_bound.py``,
+windows of ``--window`` forwards, each from a free cache), the greedy offline schedule
+(``oled_hf/sim/offline.py``), the old MIN bound (``sim/bound.py``, loose: CPU-served misses enter free)
+and oled / lru-full / hybrimoe replayed at the report's dev-tuned knobs, each as x fused and x LP bound.
+Timed as the report times them: llada2.0-mini's expert size on H200 + PCIe 5, planner 20 us per access,
+one warm-up sequence.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from oled_hf.offload.costmodel import CostModel
+from oled_hf.sim.bound import physical_bound, request_counts, timed_forwards
+from oled_hf.sim.lp_bound import full_time, lp_bound_counts
+from oled_hf.sim.offline import accesses_of, greedy_schedule
+from oled_hf.sim.replay import replay
+from oled_hf.sim.report import SYSTEMS, slots_for
+from oled_hf.sim.trace import load_trace
+
+TUNED = {"oled": {"dispatch.reuse_copies": 1}, "lru-full": {"dispatch.reuse_copies": 1},
+         "hybrimoe": {"retention.decay": 0.5, "prefetch.limit": 4}}  # eval/report/report.md's dev choices
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("trace")
+    p.add_argument("--sizes", type=float, nargs="+", default=[15, 25, 40])
+    p.add_argument("--window", type=int, default=2, help="forwards per LP window (each starts from a free cache)")
+    p.add_argument("--max-forwards", type=int, default=0, help="time only the first N timed forwards (0: all)")
+    args = p.parse_args()
+    trace = load_trace(args.trace)
+    cm = CostModel.h200_pcie5(2048, 512, kernel="grouped")
+    counts = request_counts(trace)
+    timed = timed_forwards(trace, 1)
+    if args.max_forwards:
+        keep = np.flatnonzero(timed)[: args.max_forwards]
+        timed = np.zeros_like(timed)
+        timed[keep] = True
+    full = full_time(counts, timed, cm)
+    last = int(np.flatnonzero(timed)[-1]) + 1
+    first = int(np.flatnonzero(timed)[0])
+    accs = accesses_of(counts, np.arange(last))
+    print(f"{args.trace}: {int(timed.sum())} timed forwards, {trace.num_layers}x{trace.num_experts}, "
+          f"fused {1e3 * full:.2f} ms, LP window {args.window} forwards")
+    for pct in args.sizes:
+        size = slots_for(pct, trace.num_experts)
+        total = size * trace.num_layers
+        t0 = time.perf_counter()
+        lp = lp_bound_counts(counts, timed, cm, total, args.window)
+        lp_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        greedy = greedy_schedule(accs, cm, total, timed_from=first * trace.num_layers)
+        gr_s = time.perf_counter() - t0
+        old = physical_bound(trace, cm, total, 1).ratio_to_full if not args.max_forwards else float("nan")
+        rows = [("LP bound (valid)", lp.time_s), ("greedy offline schedule", greedy)]
+        if not args.max_forwards:
+            for spec in SYSTEMS:
+                if spec.name in TUNED:
+                    system = spec.system(TUNED[spec.name])
+                    r = replay(trace, spec.name, size, system=system, cost_model=cm, planner_s=20e-6,
+                               warmup_sequences=1)
+                    rows.append((spec.name, r.sim_time_s))
+        print(f"-- {pct:g}% ({size} slots/layer, {total} total): LP {lp_s:.0f} s ({len(lp.windows)} windows), "
+              f"greedy {gr_s:.0f} s; old MIN bound (loose) {old:.2f}x fused")
+        for name, t in rows:
+            print(f"   {name:26s} {1e3 * t:9.2f} ms  {t / full:6.2f} x fused  {t / lp.time_s:6.2f} x LP bound",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""Offline schedules, timed on replay's timeline: the upper side of the bracket around the optimum.
+
+A schedule says, per layer access, which missed experts are copied to the GPU (the others run on
+the CPU) and which resident experts are evicted to make room; the cache holds at most
+``total_slots`` experts over all layers (any split, as ``lp_bound`` assumes). It is timed by
+:class:`~oled_hf.sim.timeline.Timeline` exactly as ``replay`` times a plan with no prefetch and no
+planner time: the non-expert part, demand copies issued at the plan on the one copy engine, the
+GPU experts in the order their weights are ready, the CPU batch concurrently (at the shared DRAM
+rate while the copy engine runs). So every schedule here is one the timeline's rules can run, and
+its time is an upper bound on the optimum of the model the LP relaxes.
+
+* :func:`greedy_schedule`: retention by Belady's next use (evict the resident expert used farthest
+  in the future), and per access the number ``k`` of misses to copy (largest CPU time first; a miss
+  is copied only if it is admitted: a free slot, or a victim used later than it) that ends the
+  access earliest on the timeline. Myopic in ``k``; an upper reference, not the optimum.
+* :func:`exhaustive_optimum`: every schedule of this kind on a tiny trace (tests hand-check the
+  bracket ``LP <= optimum <= greedy`` with it).
+"""
+
+from __future__ import annotations
+
+import copy as _copy
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from oled_hf.offload.costmodel import CostModel
+
+from .belady import INF
+from .timeline import Timeline
+
+
+@dataclass
+class Access:
+    """One layer access: its layer and the tokens routed to each expert of that layer."""
+
+    layer: int
+    counts: np.ndarray  # [E]
+
+
+def accesses_of(counts: np.ndarray, forwards: np.ndarray) -> list[Access]:
+    """The accesses of ``counts[:, forwards, :]`` (``[L, F, E]`` tokens) in trace order."""
+    return [Access(l, counts[l, f]) for f in forwards for l in range(counts.shape[0])]
+
+
+def charge_access(tl: Timeline, acc: Access, hits: list[int], copied: list[int], cpu: list[int],
+                  cm: CostModel, ready: dict[tuple[int, int], float]) -> float:
+    """Time one access on ``tl`` (replay's charging, no planner, no prefetch); returns its end."""
+    start, plan_ready = tl.begin_layer(cm.nonexpert_s_per_layer, 0.0)
+    if copied:
+        for e, land in zip(copied, tl.copies(len(copied), plan_ready)):
+            ready[(acc.layer, e)] = float(land)
+    gpu = hits + copied
+    r = np.array([ready.get((acc.layer, e), 0.0) for e in gpu])
+    g = cm.gpu_times(acc.counts[gpu]) if gpu else np.zeros(0)
+    c = acc.counts[cpu]
+    cpu_s = cm.cpu_batch_time(c) if cpu else 0.0
+    shared = cm.host_dram_bytes_per_s > 0 and cm.cpu_shared_fixed_s > cm.cpu_expert_fixed_s
+    cpu_sh = cm.cpu_batch_time(c, shared=True) if cpu and shared else None
+    return tl.end_layer(start, plan_ready, cm.gpu_layer_fixed_s, r, g, cpu_s, cpu_sh).end
+
+
+def _next_uses(accs: list[Access]) -> list[dict[int, int]]:
+    """Per access, for each requested expert, the index of the next access requesting it (INF if none)."""
+    out: list[dict[int, int]] = [{} for _ in accs]
+    last: dict[tuple[int, int], int] = {}
+    for t in range(len(accs) - 1, -1, -1):
+        a = accs[t]
+        for e in np.flatnonzero(a.counts).tolist():
+            out[t][e] = last.get((a.layer, e), INF)
+            last[(a.layer, e)] = t
+    return out
+
+
+def greedy_schedule(accs: list[Access], cm: CostModel, total_slots: int, timed_from: int = 0) -> float:
+    """Seconds of the timed accesses (``timed_from`` on) under :func:`greedy_schedule`'s rules (module doc)."""
+    nxt = _next_uses(accs)
+    cache: dict[tuple[int, int], int] = {}  # item -> index of its next use
+    tl, ready = Timeline(cm.copy_time()), {}
+    t0 = 0.0
+    for t, acc in enumerate(accs):
+        if t == timed_from:
+            t0 = max(tl.gpu_free, tl.host_free)
+        req = np.flatnonzero(acc.counts).tolist()
+        hits = [e for e in req if (acc.layer, e) in cache]
+        misses = sorted((e for e in req if (acc.layer, e) not in cache),
+                        key=lambda e: -float(cm.cpu_times(acc.counts[[e]])[0]))
+        for e in hits:
+            cache[(acc.layer, e)] = nxt[t][e]
+        protected = {(acc.layer, e) for e in hits}
+        admits: list[tuple[int, tuple[int, int] | None]] = []  # (miss, victim) in copy order
+        trial = dict(cache)
+        for e in misses:
+            if nxt[t][e] >= INF:
+                continue
+            victim = None
+            if len(trial) >= total_slots:
+                idle = [(u, it) for it, u in trial.items() if it not in protected]
+                if not idle:
+                    continue
+                u, victim = max(idle)
+                if u <= nxt[t][e]:
+                    continue
+                del trial[victim]
+            trial[(acc.layer, e)] = nxt[t][e]
+            protected.add((acc.layer, e))
+            admits.append((e, victim))
+        best_k, best_end = 0, np.inf
+        for k in range(len(admits) + 1):
+            copied = [e for e, _ in admits[:k]]
+            end = charge_access(_copy.deepcopy(tl), acc, hits, copied, [e for e in misses if e not in copied], cm,
+                                dict(ready))
+            if end < best_end - 1e-15:
+                best_k, best_end = k, end
+        copied = [e for e, _ in admits[:best_k]]
+        for e, victim in admits[:best_k]:
+            if victim is not None:
+                cache.pop(victim, None)
+            cache[(acc.layer, e)] = nxt[t][e]
+        while len(cache) > total_slots:  # cannot happen: each admit had a slot or a victim
+            raise AssertionError("greedy schedule over its slot budget")
+        charge_access(tl, acc, hits, copied, [e for e in misses if e not in copied], cm, ready)
+    return max(tl.gpu_free, tl.host_free) - t0
+
+
+def exhaustive_optimum(accs: list[Access], cm: CostModel, total_slots: int) -> float:
+    """The least time over every schedule of this module's kind (tiny traces only: exponential)."""
+    items = sorted({(a.layer, e) for a in accs for e in np.flatnonzero(a.counts).tolist()})
+    if len(items) > 6 or len(accs) > 7:
+        raise ValueError(f"exhaustive search is for tiny traces: {len(items)} experts, {len(accs)} accesses")
+    best = [np.inf]
+
+    def go(t: int, cache: frozenset, tl: Timeline, ready: dict) -> None:
+        if t == len(accs):
+            best[0] = min(best[0], max(tl.gpu_free, tl.host_free))
+            return
+        acc = accs[t]
+        req = np.flatnonzero(acc.counts).tolist()
+        hits = [e for e in req if (acc.layer, e) in cache]
+        misses = [e for e in req if (acc.layer, e) not in cache]
+        for k in range(len(misses) + 1):
+            for copied in itertools.combinations(misses, k):
+                keep_hits = {(acc.layer, e) for e in hits}
+                others = [it for it in cache if it not in keep_hits]
+                room = total_slots - len(keep_hits)
+                if k > room:
+                    continue
+                # which of the other residents stay (the rest are evicted)
+                for n_stay in range(min(len(others), room - k), -1, -1):
+                    for stay in itertools.combinations(others, n_stay):
+                        new_cache = frozenset(keep_hits | set(stay) | {(acc.layer, e) for e in copied})
+                        tl2, ready2 = _copy.deepcopy(tl), dict(ready)
+                        charge_access(tl2, acc, hits, list(copied), [e for e in misses if e not in copied], cm, ready2)
+                        go(t + 1, new_cache, tl2, ready2)
+                # evicting a hit after use is never needed here: hits keep their slots
+
+    for n0 in range(min(total_slots, len(items)), -1, -1):  # any initial cache is free
+        for init in itertools.combinations(items, n0):
+            go(0, frozenset(init), Timeline(cm.copy_time()), {})
+    return best[0]
