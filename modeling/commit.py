@@ -55,16 +55,18 @@ def choose_tokens(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Candidate token and its probability per position: (ids [.., B] long, p [.., B] fp32).
 
-    Greedy: argmax of the full softmax with the mask token excluded, p its probability there.
+    Greedy: the argmax of the fp32 *logits* with the mask token's excluded (the official 2.0 and
+    2.1 decoders and dInfer all take ``argmax(logits)``, so ties, including logits that differ but
+    round to the same probability, resolve as theirs: the lowest id among the largest logits); p
+    is that token's probability under the full softmax (mask token included, as theirs).
     Sampling: temperature, top-k, top-p, multinomial; p the sampled token's filtered probability.
     """
     logits = logits.float()
     if not do_sample or temperature == 0:
-        probs = logits.softmax(dim=-1)
-        ranked = probs.clone()
-        ranked[..., mask_token_id] = -1.0
+        ranked = logits.clone()
+        ranked[..., mask_token_id] = float("-inf")
         ids = ranked.argmax(dim=-1)
-        return ids, probs.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+        return ids, logits.softmax(dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
     logits = logits / temperature
     logits[..., mask_token_id] = float("-inf")
     probs = _filter_logits(logits, top_k, top_p).softmax(dim=-1)

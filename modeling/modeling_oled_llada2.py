@@ -6,6 +6,22 @@ an fp32 sigmoid router whose expert bias only selects, group-limited top-k, reno
 weights; SwiGLU experts plus an always-on shared expert; dense first layers; an untied head and no
 logit shift. Parameter names are the official checkpoint's, so its safetensors load unrenamed.
 
+Deliberate differences from the official forward (the HF remote code), each for a stated reason:
+
+* A padded 2-D ``attention_mask`` (1 = real token) only hides the padded keys: attention stays
+  bidirectional (within the block pattern when ``block_length`` is given), where the official
+  forward turns any 2-D mask into a *causal* one (``_prepare_4d_causal_attention_mask``), which a
+  masked-diffusion model never trains with; every query also sees itself, so a padded row has no
+  empty softmax. Pass a 4-D mask to get any other pattern.
+* A 4-D ``attention_mask`` is read as the official SDPA path reads it (bool: True = attend;
+  float: additive, 0 = attend, -inf = blocked), but a float mask with values above 0 (a 0/1
+  keep-mask) is refused instead of being added (``attention_mask.py``).
+* ``block_length`` builds the block-causal mask here (absolute blocks, as the official
+  ``generate`` builds it) so callers need not; ``cache_start`` and ``past_key_values`` are the
+  block-diffusion prefix cache (``cache.py``), not Transformers' ``DynamicCache``.
+* ``use_qk_norm`` is honoured as the official code honours it (no QK-norm modules, none applied,
+  when false); dInfer's copy applies QK-norm whatever the flag says.
+
 Routed experts are computed through ``experts_executor`` (see ``experts.py``): the model knows
 nothing of where expert weights live.
 
@@ -31,6 +47,7 @@ from transformers import PreTrainedModel
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import ModelOutput
 
+from .attention_mask import apply_mask, build_attention_mask
 from .auto_map import AUTO_MAP, CODE_VERSION, warn_on_code_version, write_model_code
 from .cache import BlockKVCache
 from .checkpoint_files import (
@@ -43,6 +60,7 @@ from .checkpoint_files import (
 from .configuration_oled_llada2 import OledLLaDA2Config
 from .experts import RESIDENT_EXECUTOR, ExpertsExecutor
 from .generation_oled_llada2 import DiffusionGenerationMixin
+from .placement import offload_placement, resolve_offload_config
 
 
 @dataclass
@@ -94,57 +112,12 @@ def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) ->
     return torch.cat((rot * cos + rotate_half(rot) * sin, rest), dim=-1)
 
 
-def block_causal_mask(
-    query_start: int, query_len: int, key_len: int, block_length: int, device: torch.device
-) -> torch.Tensor:
-    """Bool [L, S], True = attend: key j is visible to query i iff block(j) <= block(i), blocks absolute."""
-    q_block = torch.arange(query_start, query_start + query_len, device=device) // block_length
-    k_block = torch.arange(key_len, device=device) // block_length
-    return k_block[None, :] <= q_block[:, None]
-
-
-def build_attention_mask(
-    attention_mask: torch.Tensor | None,
-    block_length: int | None,
-    batch: int,
-    query_start: int,
-    query_len: int,
-    key_len: int,
-    device: torch.device,
-) -> torch.Tensor | None:
-    """Combine the block pattern and a 2-D padding mask into a 4-D bool mask (None = full attention).
-
-    Every query also sees itself, so padded rows never have an empty softmax (NaN would leak into
-    the cache through ``0 * NaN`` in later layers).
-    """
-    if attention_mask is not None and attention_mask.dim() == 4:
-        return attention_mask.to(torch.bool)
-    if attention_mask is None and block_length is None:
-        return None
-    mask = torch.ones(query_len, key_len, dtype=torch.bool, device=device)
-    if block_length is not None:
-        mask = block_causal_mask(query_start, query_len, key_len, block_length, device)
-    mask = mask[None, None].expand(batch, 1, query_len, key_len)
-    if attention_mask is not None:
-        if attention_mask.shape != (batch, key_len):
-            raise ValueError(
-                f"attention_mask has shape {tuple(attention_mask.shape)}; expected (batch, keys) = "
-                f"({batch}, {key_len}) covering the cached prefix and the current tokens"
-            )
-        mask = mask & attention_mask.to(torch.bool)[:, None, None, :]
-    diag = torch.zeros(query_len, key_len, dtype=torch.bool, device=device)
-    diag[torch.arange(query_len), torch.arange(query_start, query_start + query_len)] = True
-    return mask | diag
-
-
 def eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-    """Reference attention: fp32 softmax over bool-masked scores, GQA by repeating K/V heads."""
+    """Reference attention: fp32 softmax over masked scores (bool or additive mask), GQA by repeating K/V heads."""
     groups = query.shape[1] // key.shape[1]
     key = key.repeat_interleave(groups, dim=1)
     value = value.repeat_interleave(groups, dim=1)
-    scores = torch.matmul(query, key.transpose(2, 3)).float() * scaling
-    if attention_mask is not None:
-        scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+    scores = apply_mask(torch.matmul(query, key.transpose(2, 3)).float() * scaling, attention_mask)
     probs = scores.softmax(dim=-1).to(query.dtype)
     return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
 
@@ -162,16 +135,20 @@ class OledLLaDA2Attention(nn.Module):
         self.is_causal = False  # a None mask must mean bidirectional, never causal
         qkv_out = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
         self.query_key_value = nn.Linear(config.hidden_size, qkv_out, bias=config.use_qkv_bias)
-        self.query_layernorm = OledLLaDA2RMSNorm(self.head_dim, eps=config.rms_norm_eps)
-        self.key_layernorm = OledLLaDA2RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        # QK-norm as the official code: modules (and checkpoint tensors) only with use_qk_norm
+        self.use_qk_norm = config.use_qk_norm
+        if self.use_qk_norm:
+            self.query_layernorm = OledLLaDA2RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+            self.key_layernorm = OledLLaDA2RMSNorm(self.head_dim, eps=config.rms_norm_eps)
         self.dense = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=config.use_bias)
 
     def forward(self, hidden_states, cos, sin, attention_mask, past_key_values, cache_start):
         bsz, q_len, _ = hidden_states.shape
         qkv = self.query_key_value(hidden_states).view(bsz, q_len, -1, self.head_dim)
         q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=2)
-        q = self.query_layernorm(q).transpose(1, 2)  # QK-norm before RoPE
-        k = self.key_layernorm(k).transpose(1, 2)
+        if self.use_qk_norm:  # per-head RMSNorm, before RoPE
+            q, k = self.query_layernorm(q), self.key_layernorm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = v.transpose(1, 2)
         q, k = apply_partial_rope(q, cos, sin), apply_partial_rope(k, cos, sin)
         if past_key_values is not None:
@@ -380,8 +357,9 @@ class OledLLaDA2Model(OledLLaDA2PreTrainedModel):
         """Forward over canvas columns ``[cache_start, cache_start + L)``.
 
         ``attention_mask`` is 2-D (batch, keys) padding (1 = real) over every key column the
-        queries may see, or a 4-D bool mask (True = attend) used as is. ``block_length`` adds the
-        block-causal pattern; with neither, attention is fully bidirectional.
+        queries may see, or a 4-D mask: bool (True = attend) or additive float (0 = attend, -inf =
+        blocked; the official ``generate``'s form), see ``attention_mask.py``. ``block_length`` adds
+        the block-causal pattern; with neither, attention is fully bidirectional.
         """
         if inputs_embeds is None:
             inputs_embeds = self.word_embeddings(input_ids)
@@ -394,7 +372,7 @@ class OledLLaDA2Model(OledLLaDA2PreTrainedModel):
         key_len = cache_start + q_len if past_key_values is not None else q_len
         mask_start = cache_start if past_key_values is not None else 0
         mask = build_attention_mask(
-            attention_mask, block_length, bsz, mask_start, q_len, key_len, inputs_embeds.device
+            attention_mask, block_length, bsz, mask_start, q_len, key_len, inputs_embeds.device, inputs_embeds.dtype
         )
         cos, sin = rotary_cos_sin(position_ids, self.config.rotary_dim, self.config.rope_theta, inputs_embeds.dtype)
         h = inputs_embeds
@@ -461,17 +439,16 @@ def _called_from(file_suffix: str, function: str, depth: int = 16) -> bool:
 class OledLLaDA2ForDiffusionLM(OledLLaDA2PreTrainedModel, DiffusionGenerationMixin):
     """LLaDA2 with its untied LM head and block-diffusion ``generate``.
 
-    ``from_pretrained(path, offload_config=oled_hf.OffloadConfig(...))`` builds the model without
-    routed-expert modules and lets the offload config attach its runtime after loading; the model
-    itself only calls ``offload_config.attach(...)`` and never imports the runtime.
+    ``from_pretrained(path, offload_config=oled_hf.OffloadConfig(...))`` (or a dict of its fields)
+    builds the model without routed-expert modules and lets the offload config attach its runtime
+    after loading; the model itself only calls ``offload_config.attach(...)`` and never imports the
+    runtime. ``device_map`` / ``max_memory`` / ``offload_folder``: accelerate's conventions without
+    it, one device with it (``placement.py``).
     """
 
     def __init__(self, config: OledLLaDA2Config, offload_config=None, strict: bool = True, **kwargs):
         super().__init__(config)
-        if offload_config is not None and not hasattr(offload_config, "attach"):
-            raise ValueError(
-                f"offload_config must be an oled_hf.OffloadConfig, got {type(offload_config).__name__}"
-            )
+        offload_config = resolve_offload_config(offload_config)
         if not isinstance(strict, bool):
             raise ValueError(f"strict={strict!r} is invalid: pass True (refuse missing/unexpected weights) or False")
         # from_pretrained(..., strict=False) reaches here like offload_config (unused config kwargs):
@@ -485,6 +462,9 @@ class OledLLaDA2ForDiffusionLM(OledLLaDA2PreTrainedModel, DiffusionGenerationMix
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
+        if kwargs.get("offload_config") is not None:  # a dict becomes an OffloadConfig; placement checked
+            kwargs["offload_config"] = resolve_offload_config(kwargs["offload_config"])
+            offload_placement(kwargs)
         if args and isinstance(args[0], (str, os.PathLike)):  # local folder: its index, before Transformers
             check_local_index(os.path.join(args[0], kwargs.get("subfolder") or ""))
         model = super().from_pretrained(*args, **kwargs)

@@ -62,6 +62,10 @@ MAX_POST_STEPS = 256
 # Below this, logits / temperature overflows float32 (1e-300 gives inf, then NaN probabilities):
 # the same floor as the server's (oled_hf.serve.protocol.MIN_TEMPERATURE). 0 means greedy.
 MIN_TEMPERATURE = 1e-2
+# repetition_penalty divides positive logits, and logits are fp32 whatever the model's dtype: a penalty
+# whose reciprocal overflows fp32 would turn every one into +inf. Accepted penalties are also clamped
+# into fp32's finite range where they are applied (generation_oled_llada2.repetition_penalty).
+MIN_REPETITION_PENALTY = 1.0 / float(torch.finfo(torch.float32).max)
 GENERATION_CONFIG = "generation_config"
 
 
@@ -386,9 +390,11 @@ def validate_params(p: DiffusionParams, model_config, prompt_length: int | None)
     if not _is_int(p.num_to_transfer) or not 1 <= p.num_to_transfer <= p.block_length:
         bad("num_to_transfer", p.num_to_transfer, f"must be an integer from 1 to block_length={p.block_length} "
             "(masks committed per editing iteration when too few are above threshold)")
-    if not _is_number(p.repetition_penalty) or not math.isfinite(p.repetition_penalty) or p.repetition_penalty <= 0:
-        bad("repetition_penalty", p.repetition_penalty, "must be a finite number > 0 (1.0 = off; > 1 discourages "
-            "tokens already in the prompt or committed)")
+    if (not _is_number(p.repetition_penalty) or not math.isfinite(p.repetition_penalty)
+            or not MIN_REPETITION_PENALTY <= p.repetition_penalty <= 1.0 / MIN_REPETITION_PENALTY):
+        bad("repetition_penalty", p.repetition_penalty, f"must be a finite number from {MIN_REPETITION_PENALTY:.4g} to "
+            f"{1.0 / MIN_REPETITION_PENALTY:.4g} (its reciprocal must be finite in the fp32 logits; 1.0 = off; > 1 "
+            "discourages tokens already in the prompt or committed)")
     if not _is_int(p.min_new_tokens) or p.min_new_tokens < 0:
         bad("min_new_tokens", p.min_new_tokens, "must be an integer >= 0 (new tokens before EOS may be chosen)")
     if p.commit_rule not in COMMIT_RULES:

@@ -146,6 +146,9 @@ def save_llada2_tokenizer(tokenizer_object: Tokenizer, out_dir: str | os.PathLik
         clean_up_tokenization_spaces=False,
         add_bos_token=False,
         add_eos_token=False,
+        # generate() takes left-padded batches (as Transformers' text-generation pipeline pads), so
+        # tok(batch, padding=True) must pad on the left without the caller asking.
+        padding_side="left",
     )
     wrapped.chat_template = CHAT_TEMPLATE
     out = Path(out_dir)

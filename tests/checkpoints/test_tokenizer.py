@@ -118,3 +118,55 @@ def test_too_small_vocab_raises(tmp_path):
     with pytest.raises(ValueError, match="vocab_size") as err:
         build_tokenizer(tmp_path, 300)
     assert str(MIN_VOCAB_SIZE) in str(err.value)
+
+
+# ---- issue 37.4: padding side and a prompt-free load ---------------------------------------------------------
+SHIPPED = ("oled_hf/toy/checkpoint", "oled_hf/toy/long/checkpoint", "oled_hf/toy/deep/checkpoint")
+PROMPT_TEXT = "Do you wish to run the custom code"
+
+
+def test_written_tokenizer_pads_on_the_left(tok_dir, tok):
+    import json
+
+    assert json.loads((tok_dir / "tokenizer_config.json").read_text())["padding_side"] == "left"
+    batch = tok(["hi", "a longer prompt here"], padding=True)
+    assert tok.padding_side == "left" and batch["attention_mask"][0][0] == 0 and batch["attention_mask"][0][-1] == 1
+
+
+def test_padded_batch_from_the_tokenizer_generates(tiny_model, tiny_tokenizer):
+    """tok(batch, padding=True) then generate raised "not left-padded" while the tokenizer padded on the right."""
+    batch = tiny_tokenizer(["hi", "a longer prompt here"], padding=True, return_tensors="pt")
+    out = tiny_model.generate(**batch, max_new_tokens=8, block_length=8)
+    assert out.shape[0] == 2 and out.shape[1] > batch["input_ids"].shape[1]
+
+
+@pytest.mark.parametrize("folder", SHIPPED)
+def test_shipped_toys_pad_on_the_left(folder):
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / folder
+    assert json.loads((path / "tokenizer_config.json").read_text())["padding_side"] == "left"
+    assert AutoTokenizer.from_pretrained(str(path)).padding_side == "left"
+
+
+def _load_in_subprocess(code: str, folder: str) -> tuple[str, str]:
+    """Run ``code`` in a fresh interpreter with stdin closed: (stdout, stderr)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", code, folder], stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr
+    return done.stdout, done.stderr
+
+
+@pytest.mark.parametrize("code", [
+    "import sys, oled_hf; from transformers import AutoTokenizer; print(AutoTokenizer.from_pretrained(sys.argv[1])"
+    ".padding_side)",
+    "import sys; from transformers import AutoTokenizer; print(AutoTokenizer.from_pretrained(sys.argv[1], "
+    "trust_remote_code=False).padding_side)",
+], ids=["oled_hf-imported", "plain-transformers"])
+def test_autotokenizer_loads_without_a_prompt(tiny_path, code):
+    out, err = _load_in_subprocess(code, str(tiny_path))
+    assert PROMPT_TEXT not in out + err and out.splitlines()[-1] == "left"

@@ -31,11 +31,11 @@ def _schedule(block_length: int, steps: int) -> list[int]:
 
 
 def _greedy(logits: torch.Tensor, mask_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    probs = logits.float().softmax(-1)
-    ranked = probs.clone()
-    ranked[..., mask_id] = -1.0
+    """The official rule, ``argmax(logits)`` (mask excluded), and the token's softmax probability."""
+    ranked = logits.float().clone()
+    ranked[..., mask_id] = float("-inf")
     ids = ranked.argmax(-1)
-    return ids, probs.gather(-1, ids[..., None])[..., 0]
+    return ids, logits.float().softmax(-1).gather(-1, ids[..., None])[..., 0]
 
 
 def reference_generate(model, prompt: torch.Tensor, *, gen_length: int, block_length: int, steps: int,

@@ -1,7 +1,7 @@
 import torch
+from oled_hf.modeling.attention_mask import block_causal_mask
 from oled_hf.modeling.cache import BlockKVCache
 from oled_hf.modeling.experts import RESIDENT_EXECUTOR
-from oled_hf.modeling.modeling_oled_llada2 import block_causal_mask
 
 
 def _ids(n, seed=0):

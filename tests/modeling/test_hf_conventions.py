@@ -69,7 +69,10 @@ def test_an_unknown_argument_set_to_none_is_skipped_as_in_transformers(tiny_mode
     (dict(synced_gpus=True), r"synced_gpus=True is not supported by block diffusion: generate runs on one process"),
     (dict(prefix_allowed_tokens_fn=lambda b, ids: [1]), r"prefix_allowed_tokens_fn=.* is not supported by block "
                                                         r"diffusion: pass a logits_processor instead"),
-    (dict(repetition_penalty=0.0), r"repetition_penalty=0.0 is invalid: must be a finite number > 0"),
+    (dict(repetition_penalty=0.0), r"repetition_penalty=0.0 is invalid: must be a finite number from 2.939e-39 to "
+                                   r"3.403e\+38 \(its reciprocal must be finite in the fp32 logits"),
+    (dict(repetition_penalty=1e-39), r"repetition_penalty=1e-39 is invalid: must be a finite number from 2.939e-39"),
+    (dict(repetition_penalty=1e39), r"repetition_penalty=1e\+39 is invalid"),
     (dict(repetition_penalty=float("nan")), r"repetition_penalty=nan is invalid"),
     (dict(repetition_penalty="2"), r"repetition_penalty='2' is invalid"),
     (dict(min_new_tokens=-1), r"min_new_tokens=-1 is invalid: must be an integer >= 0"),
@@ -303,3 +306,34 @@ def test_lm_eval_hf_adapter_scoring_warns_and_oled_llada2_does_not(tiny_path, ca
     hf.loglikelihood(request, disable_tqdm=True)
     found = _warnings(caplog)
     assert len(found) == 1 and "lm-eval's hf adapter" in found[0].getMessage()
+
+
+@pytest.fixture(scope="module")
+def toy_prompt():
+    from transformers import AutoTokenizer
+
+    model = OledLLaDA2ForDiffusionLM.from_pretrained(TOY_CHECKPOINT).eval()
+    tok = AutoTokenizer.from_pretrained(TOY_CHECKPOINT)
+    ids = tok.apply_chat_template([{"role": "user", "content": "What is 12+34?"}], add_generation_prompt=True,
+                                  return_tensors="pt", return_dict=True)["input_ids"]
+    return model, ids
+
+
+@pytest.mark.parametrize("penalty", [1e-38, 3e-39, 3e38])
+def test_extreme_repetition_penalty_finishes_every_block(toy_prompt, penalty):
+    """Issue 35.8: 1e-38 was accepted and turned the toy's positive logits of present tokens into +inf, so
+    no token could be chosen and generate ended in "block 2 still has 1 masked token(s) after 8 denoising
+    iterations". Accepted penalties saturate instead, and every block finishes."""
+    model, ids = toy_prompt
+    out = model.generate(ids, repetition_penalty=penalty, return_dict_in_generate=True)
+    new = out.sequences[0, ids.shape[1]:]
+    assert new.numel() > 0 and not (new == model.config.mask_token_id).any()
+
+
+def test_penalised_logits_stay_finite_and_bans_stay_bans():
+    logits = torch.tensor([[[5.0, -3.0, float("-inf"), 0.5]]])
+    present = torch.tensor([[True, True, True, False]])
+    big = torch.finfo(torch.float32).max
+    out = repetition_penalty(logits, present, 1e-38)[0, 0]  # 5 / 1e-38 overflows fp32: saturated
+    assert out[0].item() == big and -1e-37 < out[1].item() < 0 and out[2].item() == float("-inf") and out[3] == 0.5
+    assert repetition_penalty(logits, present, 3e38)[0, 0, 1].item() == -big

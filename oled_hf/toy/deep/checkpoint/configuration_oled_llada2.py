@@ -23,8 +23,8 @@ NON_NEGATIVE_INTS = ("num_shared_experts", "first_k_dense_replace", "max_window_
 OPTIONAL_POSITIVE_INTS = ("head_dim", "rotary_dim", "sliding_window")  # None: derived or unused
 POSITIVE_FLOATS = ("rms_norm_eps", "rope_theta", "routed_scaling_factor")
 UNIT_FLOATS = ("attention_dropout", "embedding_dropout", "output_dropout")  # in [0, 1]
-BOOLS = ("use_qkv_bias", "use_bias", "moe_router_enable_expert_bias", "norm_topk_prob", "router_bias_fp32",
-         "output_router_logits", "tie_word_embeddings")
+BOOLS = ("use_qkv_bias", "use_bias", "use_qk_norm", "moe_router_enable_expert_bias", "norm_topk_prob",
+         "router_bias_fp32", "output_router_logits", "tie_word_embeddings")
 OPTIONAL_TOKEN_IDS = ("pad_token_id", "bos_token_id")
 
 # LLaDA2.0-mini's special ids (see shared/docs/llada2.md §1): EOS doubles as pad.

@@ -27,6 +27,7 @@ AUTO_MAP = {
 
 # The model's whole source: each file imports only torch, transformers and these siblings.
 CODE_FILES = (
+    "attention_mask.py",
     "auto_map.py",
     "cache.py",
     "canvas.py",
@@ -38,6 +39,7 @@ CODE_FILES = (
     "generation_oled_llada2.py",
     "modeling_oled_llada2.py",
     "params.py",
+    "placement.py",
 )
 
 logger = logging.get_logger(__name__)

@@ -239,6 +239,25 @@ class LoopExpertsExecutor:
         return combine_expert_outputs(groups, outputs, topk_weights, hidden_states.dtype)
 
 
+class ModuleExpertsExecutor:
+    """The loop, calling each routed expert as a module: for weights accelerate offloaded.
+
+    With ``device_map`` and "disk" or "cpu" offload, accelerate leaves the expert weights on the
+    meta device and loads them in each module's forward hook; reading ``.weight`` directly (the
+    bank, :class:`LoopExpertsExecutor`) would see no data. ``down(silu(gate(x)) * up(x))`` as the
+    modules compute it is :func:`swiglu_expert`'s math.
+    """
+
+    def __call__(self, moe_block, hidden_states, topk_ids, topk_weights):
+        groups = group_tokens_by_expert(topk_ids)
+        sorted_x = hidden_states[groups.token_index]
+        outputs = torch.empty_like(sorted_x)
+        for i, expert_id in enumerate(groups.experts):
+            rows = groups.rows(i)
+            outputs[rows] = moe_block.experts[expert_id](sorted_x[rows])
+        return combine_expert_outputs(groups, outputs, topk_weights, hidden_states.dtype)
+
+
 class ResidentExpertsExecutor:
     """Every expert is a module of the block: all of them in one grouped SwiGLU over the bank.
 
@@ -247,9 +266,12 @@ class ResidentExpertsExecutor:
     """
 
     loop = LoopExpertsExecutor()
+    modules = ModuleExpertsExecutor()
 
     def __call__(self, moe_block, hidden_states, topk_ids, topk_weights):
         experts = moe_block.experts
+        if experts[0].gate_proj.weight.device.type == "meta":  # accelerate offloaded them (device_map + disk/cpu)
+            return self.modules(moe_block, hidden_states, topk_ids, topk_weights)
         if not grouped_supported(hidden_states.device.type, hidden_states.dtype):
             return self.loop(moe_block, hidden_states, topk_ids, topk_weights)
         if torch.is_grad_enabled() and experts[0].gate_proj.weight.requires_grad:

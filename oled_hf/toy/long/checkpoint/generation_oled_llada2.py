@@ -73,6 +73,7 @@ from .params import (
     pop_generation_options,
     resolve_params,
 )
+from .placement import input_device
 
 logger = logging.getLogger(__name__)
 
@@ -231,7 +232,7 @@ class _BlockDecoder:
                 fn(*args)
 
     def _forward(self, kind: str, block: int, iteration: int, cols: slice, keep: int | None):
-        c, device = self.canvas, self.model.device
+        c, device = self.canvas, input_device(self.model)
         self._notify("on_forward", kind, block, iteration)
         self.forwards += 1
         if self.cache is None:  # recompute the whole prefix under the block-causal mask
@@ -550,8 +551,13 @@ def check_finite(logits: torch.Tensor, masked: torch.Tensor, block: int, iterati
 def repetition_penalty(logits: torch.Tensor, present: torch.Tensor, penalty: float) -> torch.Tensor:
     """Transformers' ``RepetitionPenaltyLogitsProcessor`` rule on [rows, B, V] logits: for every token id
     already in the row's sequence (``present``, bool [rows, V]), a negative logit is multiplied by
-    ``penalty`` and a positive one divided by it, at every position of the block alike."""
+    ``penalty`` and a positive one divided by it, at every position of the block alike. Unlike
+    Transformers', the result is clamped into the finite range of the logits' dtype: an extreme
+    penalty (``params.MIN_REPETITION_PENALTY`` bounds it) saturates a logit instead of making it
+    +-inf, which would leave no choosable token (NaN confidences) and the block never finished."""
     penalised = torch.where(logits < 0, logits * penalty, logits / penalty)
+    big = torch.finfo(logits.dtype).max
+    penalised = torch.where(logits.isfinite(), penalised.clamp(-big, big), logits)  # a ban (-inf) stays one
     return torch.where(present[:, None, :], penalised, logits)
 
 

@@ -1,0 +1,110 @@
+"""Where a loaded model's weights live and where its inputs go: accelerate's conventions, and offloading's.
+
+Without ``offload_config`` the model follows accelerate as any Transformers model does:
+``device_map`` ("auto", "balanced", a dict...), ``max_memory`` and ``offload_folder`` place and
+offload its modules, and accelerate's hooks move inputs between devices and load offloaded
+weights at each module's forward. Two things here make that work for this model: inputs go to
+the device accelerate executes on (:func:`input_device`; ``model.device`` is ``meta`` when
+weights were offloaded to disk), and routed experts whose weights are offloaded run as modules
+(``experts.py``) so that the hooks load them.
+
+With ``offload_config`` the routed experts are not modules: the ExpertStore reads them from the
+checkpoint and the slot cache on the run device holds some of them, sized by the
+``OffloadConfig`` budget (``cache_size``, ``cache_ratio`` or ``max_gpu_memory``). The non-expert
+weights are placed by ``device_map`` on ONE device, the device the slot cache is on
+(:func:`offload_placement`): an accelerate strategy ("auto", "balanced", ...) means the first
+CUDA device, else the CPU; a map that spreads modules over several devices, or onto "disk", is
+refused before anything loads, and so are ``max_memory`` and ``offload_folder``, which size and
+offload accelerate-placed modules, not the expert cache.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+ACCELERATE_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+# from_pretrained options that size or offload accelerate-placed modules: meaningless for the expert cache
+ACCELERATE_OFFLOAD_OPTIONS = ("max_memory", "offload_folder", "offload_state_dict", "offload_buffers")
+
+
+def resolve_offload_config(value):
+    """An ``OffloadConfig`` (anything with ``attach``) as is; a dict of its fields built into one.
+
+    ``modeling/`` imports only torch and transformers: the config class is imported here, lazily,
+    and only when a dict is given (it lives in the oled-hf package).
+    """
+    if value is None or hasattr(value, "attach"):
+        return value
+    if isinstance(value, dict):
+        try:
+            module = importlib.import_module("oled_hf.offload.config")
+        except ImportError as error:
+            raise ImportError(
+                "offload_config given as a dict is read as oled_hf.OffloadConfig(**offload_config), which needs "
+                f"the oled-hf package installed ({error}); install it, or pass an OffloadConfig"
+            ) from error
+        return module.OffloadConfig.from_dict(value)
+    raise ValueError(
+        f"offload_config must be an oled_hf.OffloadConfig or a dict of its fields, got {type(value).__name__}"
+    )
+
+
+def _device_name(value) -> str:
+    """One device of a ``device_map`` as a string: ints are CUDA ordinals, as accelerate reads them."""
+    if isinstance(value, bool):
+        raise ValueError(f"device_map device {value!r} is invalid: allowed a device name, a torch.device or an int")
+    if isinstance(value, int):
+        return f"cuda:{value}"
+    name = str(value)
+    return "cuda:0" if name == "cuda" else name
+
+
+def _strategy_device() -> str:
+    return "cuda:0" if torch.cuda.is_available() else "cpu"
+
+
+def offload_placement(kwargs: dict) -> None:
+    """With ``offload_config``: check and resolve the placement options of ``from_pretrained`` in place.
+
+    Refused before loading (one line, naming OffloadConfig): ``max_memory`` and the other options of
+    :data:`ACCELERATE_OFFLOAD_OPTIONS`, a ``device_map`` over several devices or onto "disk". An
+    accelerate strategy string becomes the single device it stands for here (first CUDA device,
+    else the CPU).
+    """
+    for name in ACCELERATE_OFFLOAD_OPTIONS:
+        value = kwargs.get(name)
+        if value is not None and value is not False:
+            raise ValueError(
+                f"{name}={value!r} cannot be combined with offload_config: it sizes/offloads modules accelerate "
+                "places, and the routed experts are not modules; budget the expert cache with "
+                "OffloadConfig(max_gpu_memory=...) (or cache_size / cache_ratio) and put the other weights on one "
+                "device with device_map"
+            )
+    device_map = kwargs.get("device_map")
+    if device_map is None:
+        return
+    if isinstance(device_map, str) and device_map in ACCELERATE_STRATEGIES:
+        kwargs["device_map"] = _strategy_device()
+        return
+    values = list(device_map.values()) if isinstance(device_map, dict) else [device_map]
+    devices = sorted({_device_name(v) for v in values})
+    if len(devices) != 1 or devices[0] in ("disk", "meta"):
+        raise ValueError(
+            f"device_map={device_map!r} cannot be combined with offload_config: an offloaded model runs on one "
+            f"device (here: {', '.join(devices) or 'none'}); put the non-expert weights on one device "
+            "(device_map='cuda:0' or 'cpu') and size the expert cache with OffloadConfig(...)"
+        )
+
+
+def input_device(model) -> torch.device:
+    """Where a forward's inputs go: accelerate's execution device when it dispatched the model.
+
+    A dispatched model carries accelerate's hook on its root (``_hf_hook.execution_device``);
+    ``model.device`` (its first parameter's) would be ``meta`` for weights offloaded to disk.
+    """
+    device = getattr(getattr(model, "_hf_hook", None), "execution_device", None)
+    if device is None:
+        return model.device
+    return torch.device(_device_name(device))
