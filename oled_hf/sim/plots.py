@@ -69,7 +69,7 @@ def tpot_and_utilization(runs: list[Run], systems: Iterable[str], title: str, pa
     bound = sorted({(r.pct, r.bound_ratio) for r in runs if r.bound_ratio})
     if bound:
         a.plot([p for p, _ in bound], [b for _, b in bound], color="k", lw=1.2, ls=":", marker="x",
-               label="physical bound")
+               label="valid LP bound")
     a.set(xlabel="cache size (% of expert bytes)", ylabel="simulated TPOT / fused residency", title=title,
           yscale="log")
     b.set(xlabel="cache size (% of expert bytes)", ylabel="U_slot (hits per slot per access)", title="utilization")
@@ -78,7 +78,7 @@ def tpot_and_utilization(runs: list[Run], systems: Iterable[str], title: str, pa
 
 
 def gap_to_ideal(runs: list[Run], systems: Iterable[str], title: str, path: Path, note: str = "") -> Path:
-    """(b): hit rate / Belady MIN (demand/bypass bound) and TPOT / the physical bound vs cache size."""
+    """(b): hit rate / Belady MIN (demand/bypass bound) and TPOT / the valid LP bound vs cache size."""
     plt = _plt()
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
     for s in systems:
@@ -91,7 +91,7 @@ def gap_to_ideal(runs: list[Run], systems: Iterable[str], title: str, path: Path
     ax.axhline(1.0, color="k", lw=0.8, ls="--")
     bx.axhline(1.0, color="k", lw=0.8, ls="--")
     ax.set(xlabel="cache size (%)", ylabel="hit rate / Belady MIN", title=title)
-    bx.set(xlabel="cache size (%)", ylabel="simulated TPOT / physical bound", title="distance to the physical bound")
+    bx.set(xlabel="cache size (%)", ylabel="simulated TPOT / valid LP bound", title="distance to the valid LP bound")
     ax.legend(fontsize=7)
     return _finish(fig, note, path)
 

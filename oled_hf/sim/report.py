@@ -4,10 +4,12 @@
 timed as the chosen model on H200 + PCIe 5 (``oled_hf.sim.hardware``), and writes ``report.md`` plus
 PNG plots:
 
-(a) TPOT (ratio to fused residency and to the physical bound) and cache utilization vs cache size;
+(a) TPOT (ratio to fused residency and to the valid bound) and cache utilization vs cache size;
 (b) gap to the ideal: hit rate / Belady MIN (the MIN each run can reach: demand MIN for uniform runs
-    that copy every miss, with bypass otherwise, ``replay.hit_bound``) and TPOT / the physical bound
-    (``sim/bound.py``);
+    that copy every miss, with bypass otherwise, ``replay.hit_bound``) and TPOT / the valid bound
+    (``sim/lp_bound.py``: every expert entering the cache pays a copy; windows of ``lp_window``
+    forwards). The old MIN bound (``sim/bound.py``) is shown beside it, labelled for what it is: its
+    CPU-served misses enter the cache free, so it is lower and looser;
 (c) ablation: the strongest fair baseline -> + confidence retention -> + layer-adaptive -> + reuse-aware
     compensation, each step changing one part;
 (d) block length x cache size and (e) batch size, from traces that differ only in that setting;
@@ -37,7 +39,8 @@ import numpy as np
 from oled_hf.offload.costmodel import CostModel
 from oled_hf.offload.system import System, parse_system
 
-from .bound import physical_bound, request_counts
+from .bound import physical_bound, request_counts, timed_forwards
+from .lp_bound import lp_bound_counts
 from .replay import ReplayResult, hit_bound, min_footnote, replay
 from .trace import Trace
 
@@ -105,12 +108,13 @@ class Run:
     pct: float
     result: ReplayResult
     bound_hit_rate: float | None = None  # Belady MIN's hit rate (demand/bypass caching)
-    bound_ratio: float | None = None  # the physical bound / fused residency at this size
+    bound_ratio: float | None = None  # the valid LP bound / fused residency at this size (sim/lp_bound.py)
     bound_name: str = ""  # which MIN bound_hit_rate is (replay.hit_bound): MIN, MIN+bypass, global MIN+bypass
+    min_ratio: float | None = None  # the old MIN bound / fused (sim/bound.py; CPU-served misses enter free: loose)
 
     @property
     def x_bound(self) -> float:
-        """TPOT / the physical bound's."""
+        """TPOT / the valid LP bound's."""
         return self.result.ratio_to_full / self.bound_ratio if self.bound_ratio else float("nan")
 
 
@@ -157,8 +161,11 @@ def needs_predictions(system: System) -> bool:
 def run_systems(trace: Trace, label: str, systems: Iterable[ReportSystem], pcts: Iterable[float], cost: CostModel,
                 planner_s: float | None, bounds: bool = True, warmup_sequences: int = 0,
                 tuned: dict[str, dict[str, Any]] | None = None, profile: np.ndarray | None = None,
-                believed: CostModel | None = None) -> list[Run]:
-    """Replay every system at every size; attach Belady's hit rate and the physical bound per size.
+                believed: CostModel | None = None, lp_window: int = 0) -> list[Run]:
+    """Replay every system at every size; attach Belady's hit rate and the bounds per size.
+
+    ``lp_window`` > 0: the valid LP bound (``sim/lp_bound.py``) in windows of that many forwards
+    (``Run.bound_ratio``); 0 leaves it out. The old MIN bound (``Run.min_ratio``) comes with ``bounds``.
 
     The hit-rate ceiling is the MIN the run can reach (``replay.hit_bound``): demand MIN for uniform
     runs that copy every miss, MIN with bypass for uniform runs with CPU dispatch, global MIN with
@@ -170,6 +177,10 @@ def run_systems(trace: Trace, label: str, systems: Iterable[ReportSystem], pcts:
         size = slots_for(pct, trace.num_experts)
         cache: dict[tuple[bool, bool], tuple[float, str]] = {}
         bound = physical_bound(trace, cost, size * trace.num_layers, warmup_sequences) if bounds else None
+        lp = None
+        if bounds and lp_window > 0:
+            lp = lp_bound_counts(request_counts(trace), timed_forwards(trace, warmup_sequences), cost,
+                                 size * trace.num_layers, lp_window).ratio_to_full
         for spec in systems:
             system = resolve(spec, tuned.get(spec.name), profile)
             if needs_predictions(system) and not trace.has_predictions:
@@ -183,8 +194,8 @@ def run_systems(trace: Trace, label: str, systems: Iterable[ReportSystem], pcts:
                     b = hit_bound(trace, size, *key)
                     cache[key] = (b.hit_rate, b.name)
                 ceiling, ceiling_name = cache[key]
-            runs.append(Run(label, spec.name, pct, r, ceiling, bound.ratio_to_full if bound else None,
-                            ceiling_name))
+            runs.append(Run(label, spec.name, pct, r, ceiling, lp, ceiling_name,
+                            bound.ratio_to_full if bound else None))
     return runs
 
 
@@ -263,9 +274,9 @@ def pick(runs: list[Run], system: str, pct: float) -> Run | None:
 
 
 def headline_table(runs: list[Run], systems: Iterable[str], pcts: Iterable[float] = HEADLINE_PCT) -> str:
-    """x fused, x bound and U_slot (hit rate) for every system at the headline sizes, plus the bound's row."""
+    """x fused, x bound (valid LP) and U_slot (hit rate) of every system at the headline sizes, and the bounds."""
     pcts = list(pcts)
-    head = (["system"] + [f"{p:g}%: x fused" for p in pcts] + [f"{p:g}%: x bound" for p in pcts]
+    head = (["system"] + [f"{p:g}%: x fused" for p in pcts] + [f"{p:g}%: x bound (LP)" for p in pcts]
             + [f"{p:g}%: U_slot (hit)" for p in pcts])
     rows = []
     for name in systems:
@@ -275,11 +286,26 @@ def headline_table(runs: list[Run], systems: Iterable[str], pcts: Iterable[float
         rows.append([name] + [f"{g.result.ratio_to_full:.2f}" if g else "-" for g in got]
                     + [f"{g.x_bound:.2f}" if g and g.bound_ratio else "-" for g in got]
                     + [f"{g.result.u_slot:.2f} ({g.result.hit_rate:.2f})" if g else "-" for g in got])
-    bound = [next((r.bound_ratio for r in runs if r.pct == p and r.bound_ratio), None) for p in pcts]
-    if any(bound):
-        rows.append(["physical bound"] + [f"{b:.2f}" if b else "-" for b in bound] + ["1.00"] * len(pcts)
-                    + ["-"] * len(pcts))
+    rows += bound_rows(runs, pcts, len(pcts))
     return md_table(head, rows)
+
+
+LP_LABEL = "LP bound (valid)"
+MIN_LABEL = "MIN bound (CPU-served misses enter free, loose)"
+
+
+def bound_rows(runs: list[Run], pcts: list[float], extra: int) -> list[list[str]]:
+    """The valid LP bound's row (x fused, then x bound 1.00) and the old MIN bound's (x fused, then its x bound)."""
+    rows = []
+    lp = [next((r.bound_ratio for r in runs if r.pct == p and r.bound_ratio), None) for p in pcts]
+    mn = [next((r.min_ratio for r in runs if r.pct == p and r.min_ratio), None) for p in pcts]
+    if any(lp):
+        rows.append([LP_LABEL] + [f"{b:.2f}" if b else "-" for b in lp] + ["1.00" if b else "-" for b in lp]
+                    + ["-"] * extra)
+    if any(mn):
+        rows.append([MIN_LABEL] + [f"{b:.2f}" if b else "-" for b in mn]
+                    + [f"{m / b:.2f}" if m and b else "-" for m, b in zip(mn, lp)] + ["-"] * extra)
+    return rows
 
 
 def margin_lines(runs: list[Run], pcts: Iterable[float] = HEADLINE_PCT, ours: str = OURS) -> list[str]:
@@ -292,7 +318,8 @@ def margin_lines(runs: list[Run], pcts: Iterable[float] = HEADLINE_PCT, ours: st
         ratio = best.result.tpot_s / mine.result.tpot_s
         verdict = "oled faster" if ratio > 1 else "oled slower" if ratio < 1 else "tie"
         note = " (lead under 5%)" if 1 < ratio < 1.05 else ""
-        lines.append(f"- {pct:g}%: oled {mine.result.ratio_to_full:.2f}x fused, {mine.x_bound:.2f}x bound; strongest "
+        dist = f"{mine.x_bound:.2f}x the valid LP bound" if mine.bound_ratio else "no LP bound computed"
+        lines.append(f"- {pct:g}%: oled {mine.result.ratio_to_full:.2f}x fused, {dist}; strongest "
                      f"fair system {best.system} {best.result.ratio_to_full:.2f}x fused -> {best.system} / oled = "
                      f"{ratio:.3f} ({verdict}{note})")
     return lines
@@ -332,9 +359,8 @@ def sweep_table(rows_by_key: dict[str, list[Run]], systems: Iterable[str], pcts:
             got = [pick(runs, name, p) for p in pcts]
             if any(got):
                 rows.append([key, name] + [f"{g.result.ratio_to_full:.2f}" if g else "-" for g in got])
-        bound = [next((r.bound_ratio for r in runs if r.pct == p and r.bound_ratio), None) for p in pcts]
-        if any(bound):
-            rows.append([key, "physical bound"] + [f"{b:.2f}" if b else "-" for b in bound])
+        for row in bound_rows(runs, pcts, 0):
+            rows.append([key, row[0]] + row[1:1 + len(pcts)])
     return md_table(head, rows)
 
 

@@ -31,7 +31,8 @@ def test_report_writes_markdown_and_plots(tmp_path):
     md = (out / "report.md").read_text()
     for heading in ("## Traces", "### Headline", "## (c) Ablation", "## (d) Block length", "## (e) Batch size",
                     "## (f) PCIe", "## (g) Planner", "## (h) Mis-calibration", "3 MoE layers x 16 experts",
-                    "x bound", "physical bound", "strongest fair system", "Target (2x errors)", "| physical bound |",
+                    "x bound (LP)", "| LP bound (valid) |", "| MIN bound (CPU-served misses enter free, loose) |",
+                    "strongest fair system", "Target (2x errors)",
                     "## (i) Oracle ladder", "# OLED-MoE evaluation on synthetic traces", "| synthetic | 8 | 1 |",
                     "### syn-b16-bs1 (3 MoE layers x 16)", "Pure caching (`copy+uniform`)"):
         assert heading in md, heading
@@ -91,7 +92,7 @@ def test_trace_record_refuses_bad_out_before_any_work(tmp_path, capsys, monkeypa
     prompts.write_text("hello\n")
     monkeypatch.setattr(trace_cli, "resolve_model", lambda *a: (_ for _ in ()).throw(AssertionError("loaded")))
     for out, msg in ((prompts, "is the --prompts file: recording would overwrite its input"),
-                     (tmp_path, "is a directory; name the trace file to write"),
+                     (tmp_path, "is a folder; give the path of a file to write"),
                      (tmp_path / "nope" / "t.trace", "does not exist")):
         assert main(["trace", "record", "--model", "x", "--prompts", str(prompts), "--out", str(out)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
@@ -111,3 +112,16 @@ def test_trace_replay_takes_systems_and_beliefs(tmp_path, capsys):
     assert "lru+cpu+reuse+adaptive" in out and "dispatcher believes CPU x2" in out
     assert main(["trace", "replay", str(path), "--cache-size", "4", "--system", "lru+warp"]) == 2
     assert "unknown part 'warp'" in capsys.readouterr().err
+
+
+def test_no_system_is_below_the_valid_lp_bound():
+    t = synthetic_trace(num_layers=2, num_experts=16, top_k=2, block_length=8, num_blocks=2, seed=1)
+    from oled_hf.offload.costmodel import CostModel
+
+    runs = run_systems(t, "x", SYSTEMS, (25, 40), CostModel.h200_pcie5(2048, 512, kernel="grouped"), 0.0,
+                       lp_window=4)
+    assert runs and all(r.bound_ratio and r.min_ratio for r in runs)
+    for r in runs:
+        assert r.x_bound >= 1.0 - 1e-9, (r.system, r.pct, r.x_bound)
+    assert all(r.bound_ratio is None for r in run_systems(t, "x", SYSTEMS[:1], (25,), CostModel.h200_pcie5(
+        2048, 512, kernel="grouped"), 0.0))  # lp_window 0: no LP bound
