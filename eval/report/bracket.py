@@ -1,10 +1,12 @@
 """Bracket the optimum on a trace: the LP lower bound (windows), the greedy offline schedule, and systems.
 
-    .venv/bin/python eval/report/bracket.py TRACE [--sizes 15 25 40] [--window 2] [--max-forwards N]
+    .venv/bin/python eval/report/bracket.py TRACE [--sizes 15 25 40] [--window 2] [--decompose] [--max-forwards N]
 
 Prints, per cache size (percent of expert memory): the valid LP bound (``oled_hf/sim/lp_bound.py``,
 windows of ``--window`` forwards, each from a free cache), the greedy offline schedule
-(``oled_hf/sim/offline.py``), the old MIN bound (``sim/bound.py``, loose: CPU-served misses enter free)
+(``oled_hf/sim/offline.py``), replay with the ``belady`` retention oracle (the whole future; lru-full's dispatch
+and pure caching; no planner), the best of those offline schedules (the upper side of the bracket),
+the old MIN bound (``sim/bound.py``, loose: CPU-served misses enter free)
 and oled / lru-full / hybrimoe replayed at the report's dev-tuned knobs, each as x fused and x LP bound.
 Timed as the report times them: llada2.0-mini's expert size on H200 + PCIe 5, planner 20 us per access,
 one warm-up sequence.
@@ -18,11 +20,14 @@ import time
 import numpy as np
 
 from oled_hf.offload.costmodel import CostModel
+from oled_hf.sim.belady import request_sets
 from oled_hf.sim.bound import physical_bound, request_counts, timed_forwards
+from oled_hf.sim.decompose import decompose
+from oled_hf.sim.ladder import FAIR_BASE, pure_caching, rung_system
 from oled_hf.sim.lp_bound import full_time, lp_bound_counts
 from oled_hf.sim.offline import accesses_of, greedy_schedule
 from oled_hf.sim.replay import replay
-from oled_hf.sim.report import SYSTEMS, slots_for
+from oled_hf.sim.report import SYSTEMS, md_table, slots_for
 from oled_hf.sim.trace import load_trace
 
 TUNED = {"oled": {"dispatch.reuse_copies": 1}, "lru-full": {"dispatch.reuse_copies": 1},
@@ -34,6 +39,8 @@ def main() -> None:
     p.add_argument("trace")
     p.add_argument("--sizes", type=float, nargs="+", default=[15, 25, 40])
     p.add_argument("--window", type=int, default=2, help="forwards per LP window (each starts from a free cache)")
+    p.add_argument("--decompose", action="store_true",
+                   help="also decompose oled's time above the LP bound (oled_hf/sim/decompose.py)")
     p.add_argument("--max-forwards", type=int, default=0, help="time only the first N timed forwards (0: all)")
     args = p.parse_args()
     trace = load_trace(args.trace)
@@ -62,6 +69,13 @@ def main() -> None:
         old = physical_bound(trace, cm, total, 1).ratio_to_full if not args.max_forwards else float("nan")
         rows = [("LP bound (valid)", lp.time_s), ("greedy offline schedule", greedy)]
         if not args.max_forwards:
+            fair = next(s for s in SYSTEMS if s.name == FAIR_BASE).system(TUNED[FAIR_BASE])
+            future = list(request_sets(trace))
+            for label, base in (("belady + lru-full's dispatch", fair), ("belady, pure caching", pure_caching(fair))):
+                r = replay(trace, label, size, system=rung_system(base, "belady", future), cost_model=cm, planner_s=0.0,
+                           warmup_sequences=1)
+                rows.append((f"{label} (offline)", r.sim_time_s))
+            rows.append(("best offline schedule", min(t for _, t in rows[1:])))
             for spec in SYSTEMS:
                 if spec.name in TUNED:
                     system = spec.system(TUNED[spec.name])
@@ -72,6 +86,11 @@ def main() -> None:
               f"greedy {gr_s:.0f} s; old MIN bound (loose) {old:.2f}x fused")
         for name, t in rows:
             print(f"   {name:26s} {1e3 * t:9.2f} ms  {t / full:6.2f} x fused  {t / lp.time_s:6.2f} x LP bound",
+                  flush=True)
+        if args.decompose and not args.max_forwards:
+            d = decompose(trace, next(s for s in SYSTEMS if s.name == "oled").system(TUNED["oled"]), size, cm, 20e-6,
+                          lp.time_s)
+            print(md_table(["oled above the LP bound, step", "ms", "share of the gap", "x fused"], d.table(full)),
                   flush=True)
 
 
