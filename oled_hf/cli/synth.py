@@ -37,8 +37,8 @@ def register_synth(sub: argparse._SubParsersAction) -> None:
     y.add_argument("--blocks", type=int, default=None, help="blocks per sequence (default 4; for --fit "
                                                                   "the trace's)")
     y.add_argument("--batch-size", type=int, default=None, help="sequences decoded together (default 1)")
-    y.add_argument("--sequences", type=int, default=None, help="sequences in the trace (default 4; for --fit the "
-                                                              "trace's)")
+    y.add_argument("--sequences", type=int, default=None, help="sequences in the trace (default 4; --like 25: 24 "
+                                                              "timed + 1 warm-up; --fit the trace's)")
     y.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     y.add_argument("--max-memory", type=float, default=None, metavar="GIB",
                    help=f"refuse a trace whose estimated memory exceeds this many GiB (default {MAX_MEMORY_HELP})")
@@ -46,6 +46,7 @@ def register_synth(sub: argparse._SubParsersAction) -> None:
 
 
 PLAIN = {"layers": 19, "experts": 256, "top_k": 8, "block_length": 32}  # the plain generator's defaults (mini's)
+LIKE_SEQUENCES = 25  # --like's default: 24 timed sequences after the report's one warm-up (issue 38)
 SHAPE = {"sequences": 4, "blocks": 4, "batch_size": 1}  # unpacked in this order
 LIMITS = {"layers": "num_layers", "experts": "num_experts", "block_length": "block_length"}
 
@@ -174,7 +175,7 @@ def synth_fitted(args: argparse.Namespace) -> int:
     """--fit / --like / --params: the fitted generator (``oled_hf/sim/synth_fit.py``, ``synth_like.py``)."""
     from ..sim import synth_fit as sf
     from ..sim.synth_check import check_memory, memory_bytes, uniform_rows
-    from ..sim.synth_like import like
+    from ..sim.synth_like import calibrate_decoder, figures, format_figures, like
     from ..sim.synthetic import SynthParams, TraceShape, generate
     from ..sim.trace import load_trace
 
@@ -192,12 +193,15 @@ def synth_fitted(args: argparse.Namespace) -> int:
         shape = sf.trace_shape(real)
     else:
         seqs, blocks, batch = (_value(args, n) for n in SHAPE)
+        seqs = LIKE_SEQUENCES if args.like and args.sequences is None else seqs
         B = params.block_length
         rows, widest, events = uniform_rows(seqs, blocks, B, batch, B, B, blocks - 1)
         check_memory(memory_bytes(params.num_layers, params.num_experts, params.top_k, rows, widest, events),
                      args.max_memory, f"--sequences {seqs} x --blocks {blocks} x --batch-size {batch} at "
                      f"{params.num_layers} layers x {params.num_experts} experts, top-{params.top_k}, block {B}")
         shape = TraceShape.uniform(seqs, blocks, B, batch, prompt_length=B)
+    if args.like:
+        calibrate_decoder(params, shape, args.seed)
     trace = generate(params, shape, seed=args.seed, max_memory_gib=args.max_memory)
     if args.save_params:
         params.save(args.save_params)
@@ -209,6 +213,9 @@ def synth_fitted(args: argparse.Namespace) -> int:
     if params.assumptions:
         print("figures and their sources:")
         print("\n".join(f"  - {a}" for a in params.assumptions))
+    if args.like:
+        print("stated figures, target vs achieved on this trace (layer means; +-5% required):")
+        print(format_figures(figures(params, trace)))
     if real is not None:
         print(sf.format_compare(sf.compare(real, trace), left=Path(args.fit).name, right="regenerated"))
     else:

@@ -293,6 +293,27 @@ class _Decoder:
         return start, np.where(start, conf, 1.0).astype(np.float32), commit
 
 
+def decoder_rng(seed: int, seq: int, block: int) -> np.random.Generator:
+    """The decoder's own stream per block: the commit schedule does not depend on the router's draws nor on the
+    other blocks' iterations, so ``decoder_schedule`` reproduces it exactly (calibration per seed)."""
+    return np.random.default_rng([seed, 8, seq, block])
+
+
+def decoder_schedule(params: SynthParams, shape: TraceShape, seed: int = 0) -> tuple[int, int]:
+    """(positions decoded, iterations summed over batch rows) of ``generate(params, shape, seed)``, without any
+    routing: their ratio is the trace's tokens per forward (``synth_fit.Schedule.summary``)."""
+    tokens = forwards = 0
+    for n, seq in enumerate(shape.sequences):
+        for i, (_, masked_rows, _) in enumerate(seq.blocks):
+            masked = np.concatenate([np.arange(params.block_length) >= params.block_length - m for m in masked_rows])
+            dec = _Decoder(params, decoder_rng(seed, n, i), masked, shape.batch)
+            tokens += int(masked.sum())
+            while dec.masked.any():
+                start = dec.step()[0]
+                forwards += int(start.reshape(shape.batch, -1).any(1).sum())
+    return tokens, forwards
+
+
 def shape_memory(params: SynthParams, shape: TraceShape) -> int:
     """Upper bound of the bytes ``generate(params, shape)`` holds (``synth_check.memory_bytes``): a block takes at
     most as many denoising forwards as its fullest row has masked positions (each commits at least one a row)."""
@@ -360,7 +381,7 @@ def generate(params: SynthParams, shape: TraceShape, seed: int = 0,
             tokens = np.where(masked, -1, rng.integers(0, 1000, size=masked.shape))
             eps = rng.normal(size=(L, masked.shape[0], E))
             writer.on_block_start(block, torch.from_numpy(tokens.reshape(shape.batch, B)))
-            dec, it = _Decoder(p, rng, masked, shape.batch), 0
+            dec, it = _Decoder(p, decoder_rng(seed, n, i), masked, shape.batch), 0
             while dec.masked.any():
                 forward("denoise", block, it, np.where(dec.masked[None, :, None], shared_m, shared), eps)
                 start, conf, commit = dec.step()

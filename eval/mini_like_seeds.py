@@ -1,0 +1,141 @@
+"""The --like workloads over seeds: each stated figure (target vs achieved) and each system's simulated TPOT as the
+median and range over at least 5 seeds (issue 38, deliverables 1 and 4).
+
+    .venv/bin/python eval/mini_like_seeds.py --like llada2.0-mini llada2.0-flash --seeds 1 2 3 4 5        # figures
+    .venv/bin/python eval/mini_like_seeds.py --like llada2.0-mini --seeds 1 2 3 4 5 --replay --planner-us 20
+
+Per model and seed: ``synth_like.like(NAME)`` with its decoder calibrated for that seed and shape
+(``calibrate_decoder``), a trace of ``--sequences`` sequences x ``--blocks`` blocks (default 25 x 4: one warm-up
+sequence, then 24 timed, as ``trace synth --like``); every stated figure with its target, its achieved value per
+seed, and the median and range. Every assumed figure is printed once with its source. ``--replay``: every
+``report.SYSTEMS`` system replays each seed's trace at 15/25/40% (first grid setting, kTransformers' profile from
+a dev trace of seed + 100; no tuning, so no held-out data is tuned on), timed as the model on H200 + PCIe 5.0
+(simulated); prints x fused as median [min-max] over seeds and how often each system is fastest. Replays are CPU
+heavy: about 1-2 min per seed and model on an idle core (19 layers), more for flash (31).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run from a clone without installing
+    sys.path.insert(0, str(ROOT))
+
+from oled_hf.sim.synth_like import TOLERANCE, calibrate_decoder, figures, like, like_names  # noqa: E402
+from oled_hf.sim.synthetic import TraceShape, generate  # noqa: E402
+
+
+def spread(values: list[float], fmt: str = ".4g") -> str:
+    """median [min-max] of ``values``."""
+    return f"{statistics.median(values):{fmt}} [{min(values):{fmt}}-{max(values):{fmt}}]"
+
+
+def workload(name: str, seed: int, sequences: int, blocks: int):
+    """(params calibrated for this seed, shape, trace)."""
+    params = like(name)
+    shape = TraceShape.uniform(sequences, blocks, params.block_length, prompt_length=params.block_length)
+    calibrate_decoder(params, shape, seed)
+    return params, shape, generate(params, shape, seed=seed)
+
+
+def figure_table(name: str, rows_per_seed: dict[int, list[tuple[str, float, float]]]) -> tuple[str, bool]:
+    seeds = sorted(rows_per_seed)
+    first = rows_per_seed[seeds[0]]
+    head = "| figure | target | " + " | ".join(f"seed {s}" for s in seeds) + " | median [range] | all within +-5% |"
+    lines = [f"### {name}: stated figures, target vs achieved", "", head, "|" + "---|" * (len(seeds) + 4)]
+    ok_all = True
+    for j, (fig, target, _) in enumerate(first):
+        got = [rows_per_seed[s][j][2] for s in seeds]
+        ok = all(abs(g - target) <= TOLERANCE * abs(target) for g in got)
+        ok_all &= ok
+        cells = " | ".join(f"{g:.4g} ({(g - target) / target:+.1%})" for g in got)
+        lines.append(f"| {fig} | {target:.4g} | {cells} | {spread(got)} | {'yes' if ok else 'NO'} |")
+    return "\n".join(lines), ok_all
+
+
+def replay_table(name: str, runs_per_seed: dict[int, list], pcts) -> str:
+    from oled_hf.sim import report as rp
+
+    names = [s.name for s in rp.SYSTEMS]
+    lines = [f"### {name}: simulated x fused, median [min-max] over seeds {', '.join(map(str, runs_per_seed))}", "",
+             "| system | " + " | ".join(f"{p:g}%" for p in pcts) + " |", "|" + "---|" * (len(pcts) + 1)]
+    for n in names:
+        cells = []
+        for p in pcts:
+            vals = [rp.pick(r, n, p).result.ratio_to_full for r in runs_per_seed.values() if rp.pick(r, n, p)]
+            cells.append(spread(vals, ".3f") if vals else "-")
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    for p in pcts:
+        wins: dict[str, int] = {}
+        for r in runs_per_seed.values():
+            best = min((x for x in (rp.pick(r, n, p) for n in names) if x), key=lambda x: x.result.ratio_to_full)
+            wins[best.system] = wins.get(best.system, 0) + 1
+        lines.append(f"\n{p:g}%: fastest per seed: " + ", ".join(f"{k} {v}x" for k, v in sorted(wins.items())))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--like", nargs="+", default=["llada2.0-mini", "llada2.0-flash"], help="workloads (default both)")
+    p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3, 4, 5], help="seeds (at least 5; default 1-5)")
+    p.add_argument("--sequences", type=int, default=25, help="sequences per trace (default 25: 1 warm-up + 24)")
+    p.add_argument("--blocks", type=int, default=4, help="blocks per sequence (default 4)")
+    p.add_argument("--replay", action="store_true", help="also replay every report system (CPU heavy)")
+    p.add_argument("--planner-us", type=float, default=20.0, help="planner us per access (default 20, as the report)")
+    args = p.parse_args(argv)
+    bad = [n for n in args.like if n not in like_names()]
+    if bad:
+        print(f"mini_like_seeds: --like {bad[0]}: unknown; allowed: {', '.join(like_names())}", file=sys.stderr)
+        return 2
+    if len(set(args.seeds)) < 5 or min(args.seeds) < 0:
+        print(f"mini_like_seeds: --seeds {' '.join(map(str, args.seeds))}: need at least 5 distinct non-negative "
+              "seeds", file=sys.stderr)
+        return 2
+    if args.sequences < 2 or args.blocks < 1:
+        print("mini_like_seeds: --sequences must be at least 2 (one warm-up) and --blocks at least 1", file=sys.stderr)
+        return 2
+    import torch
+
+    torch.set_num_threads(1)
+    ok_all = True
+    for name in args.like:
+        rows, runs, assumptions = {}, {}, None
+        for seed in args.seeds:
+            params, shape, trace = workload(name, seed, args.sequences, args.blocks)
+            rows[seed] = figures(params, trace)
+            assumptions = assumptions or params.assumptions[:-1]  # the last one is the per-seed calibration
+            print(f"[{name} seed {seed}] " + "; ".join(f"{f} {a:.4g}" for f, _, a in rows[seed]) +
+                  f"; hazard {params.hazard:.4f}", flush=True)
+            if args.replay:
+                runs[seed] = replay(params, shape, trace, seed, args)
+        print(f"\n## {name} ({params.num_layers} MoE layers x {params.num_experts}, top-{params.top_k}, block "
+              f"{params.block_length}; {args.sequences} sequences x {args.blocks} blocks per seed)\n")
+        print("figures and their sources:\n" + "\n".join(f"  - {a}" for a in assumptions) + "\n")
+        table, ok = figure_table(name, rows)
+        ok_all &= ok
+        print(table + "\n")
+        if args.replay:
+            from oled_hf.sim import report as rp
+
+            print(replay_table(name, runs, rp.HEADLINE_PCT) + "\n")
+    return 0 if ok_all else 1
+
+
+def replay(params, shape, trace, seed: int, args: argparse.Namespace) -> list:
+    from oled_hf.sim import report as rp
+    from oled_hf.sim.hardware import cost_model_from_args
+
+    dev = generate(params, shape if len(shape.sequences) <= 4 else TraceShape(shape.batch, shape.sequences[:4]),
+                   seed=seed + 100)
+    cost = cost_model_from_args(trace, argparse.Namespace(as_model=params.source.removeprefix("like ")))
+    return rp.run_systems(trace, f"{params.source} s{seed}", rp.SYSTEMS, rp.HEADLINE_PCT, cost,
+                          args.planner_us * 1e-6, bounds=False, warmup_sequences=1, tuned={},
+                          profile=rp.dev_profile(dev))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
