@@ -83,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu-scale", type=float, default=1.0, help="believed CPU speed / true")
     p.add_argument("--pcie-scale", type=float, default=1.0, help="believed PCIe bandwidth / true")
     p.add_argument("--json", default=None, help="also write the figures here")
+    p.add_argument("--knobs", nargs="*", default=[], metavar="NAME=JSON",
+                   help="skip tuning NAME: use these knobs (chosen on the same dev traces by an earlier run)")
     args = p.parse_args(argv)
     for s in args.systems:
         if s not in CANDIDATES:
@@ -104,9 +106,20 @@ def main(argv: list[str] | None = None) -> int:
 
     dev, held = loaded(args.dev), loaded(args.held_out)
     chosen: dict[str, dict[str, Any]] = {}
+    for item in args.knobs:
+        name, _, text = item.partition("=")
+        if name not in args.systems:
+            p.error(f"--knobs {item!r}: {name!r} is not one of --systems")
+        try:
+            chosen[name] = json.loads(text)
+        except json.JSONDecodeError as exc:
+            p.error(f"--knobs {item!r}: not JSON ({exc})")
     t0 = time.time()
     for s in args.systems:
         parts, grid = CANDIDATES[s]
+        if s in chosen:
+            print(f"tuned {s} earlier: {chosen[s]}", file=sys.stderr)
+            continue
         scores = []
         for knobs in grid:
             xs = [run(t, parts, knobs, pct, cm, bel, planner, w).ratio_to_full

@@ -115,7 +115,9 @@ class CostModel:
             return self.cpu_expert_fixed_s
         alone = self.expert_bytes / self.cpu_expert_fixed_s  # the CPU's own weight-read rate
         left = self.host_dram_bytes_per_s - self.h2d_bytes_per_s
-        return self.expert_bytes / min(alone, left)
+        if left >= alone:  # the sharing does not bite: exactly the unshared figure (no rounding trip)
+            return self.cpu_expert_fixed_s
+        return self.expert_bytes / left
 
     def cpu_batch_time(self, n_tokens: np.ndarray | list[int], shared: bool = False) -> float:
         """One grouped CPU call over experts with these token counts: overhead once, then each expert.

@@ -18,9 +18,10 @@ A gain is then credited to the part that differs. Grammar of a system string (``
     ALLOCATION = uniform | adaptive                      (default uniform)
 
 for example ``lru+cpu+reuse+adaptive`` or ``moe-infinity+matrix+cpu``. A whole string may instead
-be a preset name (``SYSTEM_PRESETS``): the old policy names (``oled``, ``lru``, ``prefetch``, ...,
-as the report ran them) and the published systems the report compares (``mixtral-offloading``,
-``hybrimoe``, ...). Knobs (a tuned TIDE interval, the number of reuse copies) are not part of the
+be a preset name (``SYSTEM_PRESETS``, with the knobs of ``PRESET_KNOBS``): the old policy names
+(``oled``, ``lru``, ``prefetch``, ..., as the report ran them) and the published systems the report
+compares (``mixtral-offloading``, ``hybrimoe``, ...). Knobs (a tuned TIDE interval, the number of
+reuse copies) are not part of the
 name: they travel beside it in :class:`System.knobs` as ``part.knob`` keys.
 
 The controller the live runtime and replay share builds its parts from a system: the config's
@@ -74,6 +75,11 @@ SYSTEM_PRESETS: dict[str, str] = {
     "lru-full": "lru+cpu+reuse+adaptive",
     "lfu-full": "lfu+cpu+reuse+adaptive",
 }
+# knobs a preset carries beside its parts (a parts string alone runs without them). ``oled``: its
+# dispatcher charges CPU experts at the host-DRAM rate the copy engine leaves them (issue 36: 5-8 %
+# lower TPOT at 25-40 % with DRAM at 100 GB/s on the mini-like workload; at the H200 preset's 200 GB/s
+# the rate is exactly the unshared one, so its plans, and their checksums, do not change)
+PRESET_KNOBS: dict[str, dict[str, Any]] = {"oled": {"dispatch.shared_dram": True}}
 
 
 @dataclass
@@ -142,6 +148,7 @@ def parse_system(text: str) -> System:
         raise ValueError(f"system={text!r} is invalid: expected {_grammar()}")
     bad = f"system={text!r} is invalid"  # every message names the string as given
     text = text.strip()
+    preset_knobs = PRESET_KNOBS.get(text, {})
     if text in SYSTEM_PRESETS:
         text = SYSTEM_PRESETS[text]
     tokens = text.split("+")
@@ -169,7 +176,7 @@ def parse_system(text: str) -> System:
         else:
             hint = " ('reuse' follows 'cpu': cpu+reuse)" if tok == "reuse" else ""
             raise ValueError(f"{bad}: unknown part {tok!r}{hint}; expected {_grammar()}")
-    return System(**parts)
+    return System(**parts, knobs=dict(preset_knobs))
 
 
 def system_of_legacy(policy: str, cpu_compute: str = "auto", layer_adaptive: bool = True,
@@ -187,6 +194,8 @@ def system_of_legacy(policy: str, cpu_compute: str = "auto", layer_adaptive: boo
     else:
         dispatch = "cpu"
     knobs = {"dispatch.reuse_copies": int(reuse_copies)} if dispatch == "cpu+reuse" and reuse_copies != 2 else {}
+    if policy == "oled" and dispatch != "copy":  # the oled preset's dispatch knobs (PRESET_KNOBS)
+        knobs.update(PRESET_KNOBS["oled"])
     return System(retention, prefetch, dispatch, "adaptive" if layer_adaptive else "uniform", knobs)
 
 

@@ -8,7 +8,7 @@ import pytest
 from oled_hf.offload.config import OffloadConfig
 from oled_hf.offload.controller import CacheController, build_controller
 from oled_hf.offload.costmodel import CostModel
-from oled_hf.offload.system import SYSTEM_PRESETS, System, parse_system, system_of_legacy
+from oled_hf.offload.system import PRESET_KNOBS, SYSTEM_PRESETS, System, parse_system, system_of_legacy
 from oled_hf.sim.replay import replay
 from oled_hf.sim.synthetic import synthetic_trace
 from oled_hf.sim.trace import OP_BLOCK_END, OP_FORWARD
@@ -41,7 +41,11 @@ def test_grammar_and_presets():
     assert parse_system("lru").parts == "lru+none+copy+uniform" == parse_system("mixtral-offloading").parts
     assert parse_system("oled").parts == "oled+none+cpu+reuse+adaptive"
     for name, text in SYSTEM_PRESETS.items():
-        assert parse_system(name) == parse_system(text)
+        assert parse_system(name).parts == parse_system(text).parts
+        assert parse_system(name).knobs == PRESET_KNOBS.get(name, {})
+    # the oled preset's dispatcher models host-DRAM sharing; its legacy config builds the same system
+    assert parse_system("oled").knobs == {"dispatch.shared_dram": True} == system_of_legacy("oled").knobs
+    assert parse_system("oled+cpu+reuse+adaptive").knobs == {}
     with pytest.raises(ValueError, match=r"unknown part 'gpu'; expected RETENTION\[\+PREFETCH\].*"
                                          r"DISPATCH one of copy, cpu, cpu\+reuse"):
         parse_system("lru+gpu")
