@@ -25,8 +25,9 @@ Shapes of the costs:
   weight reads get what is left, ``min(cpu_gbps, host_dram - h2d)``: a read-bound CPU expert then
   takes ``expert_bytes / that`` instead of ``cpu_expert_fixed_s`` (:meth:`cpu_batch_time` with
   ``shared=True``). The timeline applies the shared rate only to the part of a CPU batch that
-  overlaps the copy engine's busy time. The dispatcher does not model the sharing (a known,
-  realistic gap between belief and truth).
+  overlaps the copy engine's busy time. A dispatcher with the knob ``shared_dram`` (the ``oled``
+  preset's) charges every CPU expert the shared rate (it cannot know which part will overlap);
+  the others do not model the sharing (a known, realistic gap between belief and truth).
 
 Full residency is timed two ways, both from the same fields: :meth:`fused_layer_time` (a fused /
 grouped MoE: one launch per layer, each active expert's bytes once at HBM bandwidth, FLOPs at the

@@ -21,8 +21,8 @@ for example ``lru+cpu+reuse+adaptive`` or ``moe-infinity+matrix+cpu``. A whole s
 be a preset name (``SYSTEM_PRESETS``, with the knobs of ``PRESET_KNOBS``): the old policy names
 (``oled``, ``lru``, ``prefetch``, ..., as the report ran them) and the published systems the report
 compares (``mixtral-offloading``, ``hybrimoe``, ...). Knobs (a tuned TIDE interval, the number of
-reuse copies) are not part of the
-name: they travel beside it in :class:`System.knobs` as ``part.knob`` keys.
+reuse copies) are not part of the name: they travel beside it in :class:`System.knobs` as
+``part.knob`` keys.
 
 The controller the live runtime and replay share builds its parts from a system: the config's
 (:func:`system_of_config`: ``OffloadConfig.system``, else the legacy ``policy``/``cpu_compute``/
