@@ -140,7 +140,8 @@ def like(name: str, distinct: float | None = None, cosine: float | None = None) 
         f"block carry {rho:g} (sets the overlap across a block boundary): {TOY_SOURCE}",
         f"route persistence by token state (decoded, committed, masked by confidence): {TOY_SOURCE}, each carry "
         f"moved towards 1 by factor {factor:.3f} to reach the activation cosine",
-        f"decoder: sure-share Beta sum, unsure hazard {TOY['hazard']:g}, confidence Beta and jitter: {TOY_SOURCE}",
+        f"decoder: sure-share Beta sum, unsure hazard {TOY['hazard']:g} (trace synth recalibrates it per seed: "
+        f"calibrate_decoder), confidence Beta and jitter: {TOY_SOURCE}",
         f"next-layer prediction carry {TOY['predict_carry']:g}: {TOY_SOURCE}",
     ]
     across = route_stats(params.popularity_scale[0], params.block_scale[0], rho, E, k, B)[1]
