@@ -73,7 +73,7 @@ def test_prepare_refuses_a_folder_with_files_unless_overwrite(src, tmp_path, cap
     prepared = snapshot(out)
     error = refused(["prepare", str(src), str(out)], capsys)
     assert error == (f"OUT {out} already holds files (config.json, model-00001-of-00003.safetensors, "
-                     f"model-00002-of-00003.safetensors and 17 more); writing a checkpoint there would replace "
+                     f"model-00002-of-00003.safetensors and 19 more); writing a checkpoint there would replace "
                      f"or delete them: give a new or empty folder, or pass --overwrite (overwrite=True) to "
                      f"replace them")
     assert snapshot(out) == prepared

@@ -89,7 +89,7 @@ def test_bad_offload_configs_are_rejected(tiny_path):
     with pytest.raises(ValueError, match="exactly one"):
         OffloadConfig(cache_size=4, cache_ratio=0.5)
     with pytest.raises(ValueError, match="offload_config must be an oled_hf.OffloadConfig"):
-        OledLLaDA2ForDiffusionLM.from_pretrained(tiny_path, offload_config={"cache_size": 4})
+        OledLLaDA2ForDiffusionLM.from_pretrained(tiny_path, offload_config=4)
 
 
 def test_auto_class_and_pipeline_paths(tiny_path, prompt, reference):
