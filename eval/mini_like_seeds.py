@@ -57,10 +57,9 @@ def figure_table(name: str, rows_per_seed: dict[int, list[tuple[str, float, floa
     return "\n".join(lines), ok_all
 
 
-def replay_table(name: str, runs_per_seed: dict[int, list], pcts) -> str:
+def replay_table(name: str, runs_per_seed: dict[int, list], pcts, names: list[str]) -> str:
     from oled_hf.sim import report as rp
 
-    names = [s.name for s in rp.SYSTEMS]
     lines = [f"### {name}: simulated x fused, median [min-max] over seeds {', '.join(map(str, runs_per_seed))}", "",
              "| system | " + " | ".join(f"{p:g}%" for p in pcts) + " |", "|" + "---|" * (len(pcts) + 1)]
     for n in names:
@@ -85,8 +84,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sequences", type=int, default=25, help="sequences per trace (default 25: 1 warm-up + 24)")
     p.add_argument("--blocks", type=int, default=4, help="blocks per sequence (default 4)")
     p.add_argument("--replay", action="store_true", help="also replay every report system (CPU heavy)")
+    p.add_argument("--systems", nargs="+", default=None, help="report systems to replay (default: all of them)")
     p.add_argument("--planner-us", type=float, default=20.0, help="planner us per access (default 20, as the report)")
     args = p.parse_args(argv)
+    from oled_hf.sim import report as rp
+
+    known = [s.name for s in rp.SYSTEMS]
+    wrong = [n for n in (args.systems or []) if n not in known]
+    if wrong:
+        print(f"mini_like_seeds: --systems {wrong[0]}: unknown; allowed: {', '.join(known)}", file=sys.stderr)
+        return 2
     bad = [n for n in args.like if n not in like_names()]
     if bad:
         print(f"mini_like_seeds: --like {bad[0]}: unknown; allowed: {', '.join(like_names())}", file=sys.stderr)
@@ -119,9 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         ok_all &= ok
         print(table + "\n")
         if args.replay:
-            from oled_hf.sim import report as rp
-
-            print(replay_table(name, runs, rp.HEADLINE_PCT) + "\n")
+            print(replay_table(name, runs, rp.HEADLINE_PCT, args.systems or known) + "\n")
     return 0 if ok_all else 1
 
 
@@ -132,7 +137,8 @@ def replay(params, shape, trace, seed: int, args: argparse.Namespace) -> list:
     dev = generate(params, shape if len(shape.sequences) <= 4 else TraceShape(shape.batch, shape.sequences[:4]),
                    seed=seed + 100)
     cost = cost_model_from_args(trace, argparse.Namespace(as_model=params.source.removeprefix("like ")))
-    return rp.run_systems(trace, f"{params.source} s{seed}", rp.SYSTEMS, rp.HEADLINE_PCT, cost,
+    systems = [s for s in rp.SYSTEMS if args.systems is None or s.name in args.systems]
+    return rp.run_systems(trace, f"{params.source} s{seed}", systems, rp.HEADLINE_PCT, cost,
                           args.planner_us * 1e-6, bounds=False, warmup_sequences=1, tuned={},
                           profile=rp.dev_profile(dev))
 
