@@ -367,3 +367,56 @@ def test_a_burst_of_worker_events_wakes_the_loop_once():
     wakeups, got_a, got_b = asyncio.run(main())
     assert wakeups == 1
     assert got_a == [("delta", "a0"), ("delta", "a1"), ("delta", "a2")] and [e[1] for e in got_b] == ["b0", "b1", "b2"]
+
+
+def test_clients_resending_a_few_ms_apart_after_their_answers_batch_together_again(toy):
+    """Closed-loop clients resend a few ms apart once answered; waiting only for requests already arriving
+    split them into a batch of 1 and the rest. Their clients are expected back for the straggler window."""
+    import time
+
+    engine = _engine(toy, max_batch_size=4, batch_wait_ms=2000)
+    first = _requests(engine, [{"question": q} for q in QUESTIONS[:4]])
+    again = _requests(engine, [{"question": q} for q in QUESTIONS[4:]])
+    for request, _ in first:
+        engine.submit(request)
+    engine.start()
+    try:
+        assert all(sink.finished.wait(60) for _, sink in first)
+        for request, _ in again:
+            engine.submit(request)
+            time.sleep(0.002)
+        assert all(sink.finished.wait(60) for _, sink in again)
+        assert (engine.metrics.batches, engine.metrics.batched_requests) == (2, 8)
+    finally:
+        engine.stop()
+
+
+def test_the_straggler_window_follows_the_resend_gaps_within_its_bounds():
+    from oled_hf.serve.stragglers import (
+        MIN_SAMPLES,
+        STRAGGLER_FLOOR_S,
+        STRAGGLER_INITIAL_S,
+        STRAGGLER_MAX_S,
+        Stragglers,
+        straggler_window,
+    )
+
+    assert straggler_window([], 10.0) == STRAGGLER_INITIAL_S
+    assert straggler_window([], 0.01) == 0.01  # never above --batch-wait-ms
+    assert straggler_window([0.001], 10.0) == STRAGGLER_INITIAL_S  # too few gaps: the quick first ones say little
+    assert straggler_window([0.001] * MIN_SAMPLES, 10.0) == STRAGGLER_FLOOR_S
+    assert straggler_window([0.02] * MIN_SAMPLES, 10.0) == pytest.approx(0.03)
+    assert straggler_window([0.5] * MIN_SAMPLES, 10.0) == STRAGGLER_MAX_S
+    s = Stragglers(cap_s=1.0)
+    s.answer(0.0)
+    s.answer(0.0)
+    assert s.awaited_until(0.01) == pytest.approx(STRAGGLER_INITIAL_S)
+    s.arrive(0.02)
+    assert list(s.gaps) == [pytest.approx(0.02)] and s.awaited_until(0.03) == pytest.approx(STRAGGLER_INITIAL_S)
+    assert s.awaited_until(STRAGGLER_INITIAL_S + 0.001) is None  # the other client is not coming: no more wait
+    s.arrive(10.0)  # long after: not a resend (past the horizon), so not a gap
+    assert len(s.gaps) == 1 and not s.answered
+    lone = Stragglers(cap_s=1.0)
+    lone.answer(0.0)
+    lone.arrive(0.3)  # a lone client, slow to resend: nothing to wait for
+    assert lone.awaited_until(0.3) is None
