@@ -21,7 +21,7 @@ import errno
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 
@@ -46,6 +46,38 @@ def check_new_file(path: str | os.PathLike, *, overwrite: bool, field: str = "pa
         raise ValueError(f"{field}={str(path)!r} already exists; pass {flag} to replace it, or choose a new path")
     check_writable_folder(parent, field=field, path=path)
     return target
+
+
+def check_new_files(folder: str | os.PathLike, names: Iterable[str], *, overwrite: bool, field: str = "folder",
+                    flag: str = "overwrite=True", create: bool = False) -> Path:
+    """``folder`` once the files ``names`` can be written into it as asked, else ValueError naming why.
+
+    The check a command that writes a few named files into a folder (a report folder, a data folder)
+    makes before any work: ``folder`` must be a folder (or, with ``create``, a missing one whose
+    parent exists: the one folder the user named is made, never a tree of them from a typo), none of
+    ``names`` may exist there without ``flag``, and the folder (or the parent it will be made in) must
+    accept a new file. Nothing is created here.
+    """
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{field}={str(folder)!r} is a file, not a folder; give a folder to write into")
+    if not folder.is_dir():
+        parent = folder.parent
+        if not create or not parent.is_dir():
+            where = f"its folder {str(parent)!r} does not exist" if create else "does not exist"
+            raise ValueError(f"{field}={str(folder)!r}: {where}; create it first (no folders are created"
+                             f"{' but the one named' if create else ''})")
+        check_writable_folder(parent, field=field, path=folder)
+        return folder
+    for name in names:
+        target = folder / name
+        if target.is_dir():
+            raise ValueError(f"{field}={str(folder)!r} has a folder {name} where a file is written; move it first")
+        if (target.exists() or target.is_symlink()) and not overwrite:
+            raise ValueError(f"{field}={str(folder)!r} already holds {name}; pass {flag} to replace it, "
+                             "or choose a new folder")
+    check_writable_folder(folder, field=field)
+    return folder
 
 
 def check_writable_folder(folder: str | os.PathLike, *, field: str = "path",

@@ -22,12 +22,14 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..fileio import check_new_files, write_text_atomically
 from ..offload.config import KNOWN_POLICIES
 from ..offload.dispatch import CPU_COMPUTE_MODES
 from ..progress import add_quiet_argument, progress
 from .budget import add_budget_arguments, budget_choices, check_budget_device
 from .common import add_device_argument, add_model_argument, cpu_compute_note, resolve_device, resolve_model
 
+REPORT_NAME = "report.json"  # what --report-dir holds
 DEFAULT_PROMPTS = ["Tell me a story about a ship that sails across the sea.",
                    "What is 123+456? Explain each step.",
                    "List five things you can find in a kitchen and what they are for."]
@@ -59,7 +61,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--runs", type=int, default=2, help="timed passes over the prompts")
     p.add_argument("--prompt", action="append", help="prompt (repeatable; default: three sample prompts)")
     p.add_argument("--profile", action="store_true", help="synchronise the device around timed sections")
-    p.add_argument("--report-dir", default=None, help="write report.json and per-layer stats here (default: nowhere)")
+    p.add_argument("--report-dir", default=None,
+                   help="write report.json (rows and per-layer stats) here; the folder is created if its parent "
+                        "exists (default: nowhere)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing report.json in --report-dir")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--loop-reference", action="store_true",
                    help="also time full residency with the per-expert loop (the grouped kernels' reference)")
@@ -209,6 +214,9 @@ def benchmark(args: argparse.Namespace) -> int:
         raise ValueError("give a budget to compare: --cache-size N [N ...] (slots per MoE layer), --cache-ratio R "
                          "(or auto), --max-gpu-memory SIZE or --gpu-memory-utilization F")
     choices = offload_choices(args)
+    if args.report_dir:  # refused now, not after minutes of decoding
+        check_new_files(args.report_dir, [REPORT_NAME], overwrite=args.overwrite, field="--report-dir",
+                        flag="--overwrite", create=True)
     path = resolve_model(args.model)
     device = resolve_device(args.device)
     check_budget_device(budgets, device)
@@ -249,15 +257,21 @@ def benchmark(args: argparse.Namespace) -> int:
               "block_length": args.block_length, "runs": args.runs, "order": "round-robin",
               "rows": [asdict(r) for r in rows]}
     if args.report_dir:
-        out = Path(args.report_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "report.json").write_text(json.dumps({**report, "offload_stats": details}, indent=2, default=str))
+        write_report(Path(args.report_dir), {**report, "offload_stats": details})
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         notes = sorted({cpu_compute_note(d) for d in details.values()})
         print("\n".join([format_rows(rows), *(f"offloaded rows: {n}" for n in notes)]))
     return 0 if all(r.same_tokens for r in rows) else 1
+
+
+def write_report(folder: Path, report: dict) -> Path:
+    """``folder/report.json``, written whole or not at all; ``folder`` (checked before the run) made if missing."""
+    folder.mkdir(exist_ok=True)
+    path = folder / REPORT_NAME
+    write_text_atomically(json.dumps(report, indent=2, default=str), path)
+    return path
 
 
 def budget_label(budget: dict, slots_per_layer: float) -> str:
