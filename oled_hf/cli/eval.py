@@ -18,6 +18,7 @@ import json
 import time
 from pathlib import Path
 
+from ..fileio import check_new_file, check_new_files, write_text_atomically
 from ..progress import add_quiet_argument
 from .common import add_device_argument, add_model_argument, resolve_device, resolve_model
 
@@ -42,7 +43,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", "--batch_size", type=int, default=1,
                    help="prompts per generate call / requests per forward")
     p.add_argument("--output-path", "--output_path", default=None,
-                   help="write the results as JSON: a .json file, or a folder (default: print only)")
+                   help="write the results as JSON: a .json file (its folder must exist), or a folder (made if its "
+                        "parent exists) that gets results_MODEL_TIME.json (default: print only)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output-path .json file")
     p.add_argument("--include-path", "--include_path", action="append", default=[],
                    help="extra folder of task YAMLs (repeatable)")
     p.add_argument("--num-fewshot", "--num_fewshot", type=int, default=None,
@@ -100,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--tasks is empty")
     model_args = parse_model_args(args.model_args)
     model = evaluated_model(args.model, model_args)
+    if args.output_path:  # refused now, not after the evaluation
+        check_output_path(Path(args.output_path), args.overwrite)
     model_args["pretrained"] = str(model)
     if "device" in model_args:
         model_args["device"] = resolve_device(model_args["device"], f"--model-args device={model_args['device']}")
@@ -133,11 +138,32 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write(results: dict, out: Path, model: Path) -> Path:
-    if out.suffix != ".json":
-        out.mkdir(parents=True, exist_ok=True)
-        out = out / f"results_{model.name}_{time.strftime('%Y%m%dT%H%M%S')}.json"
+def check_output_path(out: Path, overwrite: bool) -> None:
+    """Refuse an --output-path the results could not be written to as asked, before any work.
+
+    A ``.json`` path is a file (:func:`check_new_file`: its folder exists, it is new unless
+    --overwrite); anything else is a folder, made if missing when its parent exists, where each run
+    adds a new timestamped file (:func:`check_new_files`).
+    """
+    if out.suffix == ".json":
+        check_new_file(out, overwrite=overwrite, field="--output-path", flag="--overwrite")
     else:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2, default=str))
+        check_new_files(out, [], overwrite=overwrite, field="--output-path", flag="--overwrite", create=True)
+
+
+def _write(results: dict, out: Path, model: Path) -> Path:
+    """The results as JSON at ``out`` (checked before the run), written whole or not at all."""
+    if out.suffix != ".json":
+        out.mkdir(exist_ok=True)
+        out = new_name(out, f"results_{model.name}_{time.strftime('%Y%m%dT%H%M%S')}")
+    write_text_atomically(json.dumps(results, indent=2, default=str), out)
     return out
+
+
+def new_name(folder: Path, stem: str) -> Path:
+    """``folder/stem.json``, or ``stem-2.json``, ... : a run that ends in the same second as another keeps both."""
+    path, n = folder / f"{stem}.json", 1
+    while path.exists() or path.is_symlink():
+        n += 1
+        path = folder / f"{stem}-{n}.json"
+    return path
