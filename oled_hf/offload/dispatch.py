@@ -38,6 +38,13 @@ the plain rate where the believed DRAM bandwidth covers both), the sharing repla
 
 The dispatcher decides from the cost model it is given, its *belief*; replay may time the run with
 another (``CostModel.believed``).
+
+Knob ``calibrate`` (off by default; ``oled_hf.offload.online_calibration``): the belief is corrected
+online from measured copy and CPU times. :meth:`Dispatcher.enable_calibration` attaches an
+:class:`~oled_hf.offload.online_calibration.OnlineCalibrator`; after each layer access the caller
+passes what it measured to :meth:`Dispatcher.observe` (replay: the true cost model's times with
+seeded noise; live: CUDA events and the CPU pool's timings) and the dispatcher decides from the
+calibrated belief, rebuilt every ``calibrate_every`` accesses and at block end (:meth:`end_block`).
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ import numpy as np
 
 from . import kernels
 from .costmodel import CostModel
+from .online_calibration import CalibrationSettings, OnlineCalibrator
 
 # auto: on beside an accelerator, off where the device is the CPU (resolve_cpu_compute)
 CPU_COMPUTE_MODES = ("auto", "on", "off")
@@ -103,6 +111,33 @@ class Dispatcher:
         self.admit = bool(admit)
         self.shared_dram = bool(shared_dram)
         self._costs: tuple[CostModel | None, np.ndarray] | None = None
+        self.calibrator: OnlineCalibrator | None = None
+
+    def enable_calibration(self, settings: CalibrationSettings | None = None) -> OnlineCalibrator:
+        """Calibrate the belief online from :meth:`observe` (a no-op for decisions with CPU compute off:
+        copying every miss reads no cost). Starts from the current belief; returns the calibrator."""
+        if self.cost_model is None:
+            raise ValueError("online calibration needs a cost model to start from")
+        self.calibrator = OnlineCalibrator(self.cost_model, settings)
+        return self.calibrator
+
+    def observe(self, copy_s_per_expert: float | None, cpu_tokens: np.ndarray | None,
+                cpu_batch_s: float | None) -> None:
+        """What one layer access measured: per-expert copy time (None: no copy), the CPU batch's token
+        counts and wall time (None: no CPU batch). Without calibration this does nothing."""
+        cal = self.calibrator
+        if cal is None:
+            return
+        if copy_s_per_expert is not None:
+            cal.observe_copy(copy_s_per_expert)
+        if cpu_tokens is not None and cpu_batch_s is not None:
+            cal.observe_cpu(cpu_tokens, cpu_batch_s)
+        self.cost_model = cal.tick()
+
+    def end_block(self) -> None:
+        """Block end: publish the calibrated belief now."""
+        if self.calibrator is not None:
+            self.cost_model = self.calibrator.publish()
 
     @classmethod
     def for_mode(cls, mode: str, cost_model: CostModel | None, *, reuse_copies: int = 2,

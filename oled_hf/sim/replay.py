@@ -16,6 +16,11 @@ copies (a ``demand_first`` prefetcher's queued copies yield to demand copies).
 
 The dispatcher decides with a *believed* cost model (``believed``; default the true one) and the
 timeline charges the true one (``cost_model``): a mis-calibrated dispatcher is timed honestly.
+With the dispatch knob ``calibrate=1`` (:mod:`oled_hf.offload.online_calibration`) the dispatcher
+corrects its belief online: after each layer access it is given the true cost model's times for
+what it did (per-expert copy time if it copied, the CPU batch's time alone if it ran one), each
+times lognormal noise ``exp(measure_sigma * z)`` from a RNG seeded by ``measure_seed``, so a run
+is reproducible. Systems whose dispatch copies every miss read no cost and are not calibrated.
 
 Two full-residency references, no planner, no copies: ``full_time_s`` (fused/grouped MoE: one
 launch per layer, each active expert's bytes once at HBM bandwidth, FLOPs at the stated efficiency;
@@ -40,6 +45,7 @@ from oled_hf.offload.allocation import uniform_capacities
 from oled_hf.offload.config import OffloadConfig
 from oled_hf.offload.controller import CacheController, build_controller
 from oled_hf.offload.costmodel import CostModel
+from oled_hf.offload.online_calibration import CALIBRATION_KNOBS, CalibrationSettings, settings_from_knobs
 from oled_hf.offload.policies.prefetch import Prefetcher
 from oled_hf.offload.system import (
     System,
@@ -91,6 +97,8 @@ class ReplayResult:
     bound_hit_rate: float | None = None  # Belady reference at the same budget (see format_table)
     bound_name: str = ""
     system: str = ""  # the parts that ran (retention+prefetch+dispatch+allocation)
+    # with online calibration: the final belief over the starting one, per term (copy, cpu_fixed, cpu_token)
+    calibration: dict[str, float] = field(default_factory=dict)
 
     @property
     def hit_rate(self) -> float:
@@ -190,6 +198,23 @@ def _build(trace: Trace, config: OffloadConfig, system: System | None, cm: CostM
     return ctrl, build_prefetcher(ctrl.system, L, E)
 
 
+def split_calibration(system: System | None) -> tuple[System | None, CalibrationSettings | None]:
+    """The system without its calibration knobs, and the calibration they ask for (None: off).
+
+    The controller's dispatch part is built without them; replay attaches the calibrator itself
+    (``Dispatcher.enable_calibration``), as it is replay that supplies the measurements.
+    """
+    if system is None:
+        return None, None
+    dk = system.part_knobs("dispatch")
+    settings = settings_from_knobs(dk)
+    if not any(k in CALIBRATION_KNOBS for k in dk):
+        return system, None
+    knobs = {k: v for k, v in system.knobs.items()
+             if not (k.startswith("dispatch.") and k.split(".", 1)[1] in CALIBRATION_KNOBS)}
+    return dataclasses.replace(system, knobs=knobs), settings
+
+
 def budget_override(cache_size: int) -> dict[str, Any]:
     """Config changes that make ``cache_size`` (slots per MoE layer) the one budget of a replay.
 
@@ -213,6 +238,8 @@ def replay(
     check_invariants: bool = False,
     system: System | str | None = None,
     believed: CostModel | None = None,
+    measure_sigma: float = 0.1,
+    measure_seed: int = 0,
 ) -> ReplayResult:
     """Run the trace through a fresh controller. Explicit arguments override ``offload_config``.
 
@@ -226,10 +253,16 @@ def replay(
     policy update, plan, prefetch decision and event handling as they run here.
     ``warmup_sequences``: the first N recorded sequences warm the cache and the policy (as a server
     that has run earlier requests) and are left out of every counter and time; 0 = cold start.
+    ``measure_sigma`` / ``measure_seed``: the noise of the measurements a calibrating dispatcher
+    (dispatch knob ``calibrate=1``) is given (module docstring); unused without calibration.
     """
+    if not (isinstance(measure_sigma, (int, float)) and math.isfinite(measure_sigma) and 0 <= measure_sigma <= 2):
+        raise ValueError(f"measure_sigma={measure_sigma!r} is invalid: must be a number in [0, 2] (log-space noise)")
+    if isinstance(measure_seed, bool) or not isinstance(measure_seed, int) or measure_seed < 0:
+        raise ValueError(f"measure_seed={measure_seed!r} is invalid: must be an integer >= 0")
     if cache_size is None and offload_config is None:
         raise ValueError("replay needs cache_size (slots per MoE layer) or an offload_config with a budget")
-    sys_ = parse_system(system) if isinstance(system, str) else system
+    sys_, calibration = split_calibration(parse_system(system) if isinstance(system, str) else system)
     base = offload_config if offload_config is not None else OffloadConfig(cache_size=cache_size)
     # the explicit legacy arguments replace the config's system too (a config may not name both)
     changes: dict[str, Any] = {"system": None, "policy": policy_name, "layer_adaptive": layer_adaptive,
@@ -244,6 +277,14 @@ def replay(
     ctrl, prefetcher = _build(trace, config, sys_, cm, believed)
     policy = ctrl.policy
     label = ctrl.system.parts
+    dispatcher = ctrl.dispatcher
+    calibrating = calibration is not None and dispatcher.cpu_enabled
+    if calibrating:
+        dispatcher.enable_calibration(calibration)
+    rng = np.random.default_rng(measure_seed)
+
+    def measured_s(true_s: float) -> float:
+        return true_s * math.exp(measure_sigma * float(rng.standard_normal())) if measure_sigma else true_s
     if prefetcher is not None and prefetcher.uses_predicted_routes and not trace.has_predictions:
         raise ValueError(f"system {label!r} needs predicted routes for its {prefetcher.name!r} prefetcher: "
                          "record a version-2 trace (oled-moe trace record writes them)")
@@ -308,6 +349,11 @@ def replay(
                 cpu = cm.cpu_batch_time(counts[plan.cpu]) if plan.cpu else 0.0
                 cpu_sh = cm.cpu_batch_time(counts[plan.cpu], shared=True) if plan.cpu and shared else None
                 lt = tl.end_layer(start, plan_ready, cm.gpu_layer_fixed_s, r, g, cpu, cpu_sh)
+                if calibrating:
+                    copied = bool(plan.copies or plan.background)
+                    dispatcher.observe(measured_s(cm.copy_time()) if copied else None,
+                                       counts[plan.cpu] if plan.cpu else None,
+                                       measured_s(cpu) if plan.cpu else None)
                 exposed += lt.exposed_copy_s
                 # the prefetch decision for layer l+1 runs on the host right after this plan
                 if prefetcher is not None and l + 1 < L:
@@ -350,6 +396,7 @@ def replay(
                 prefetcher.on_block_start(int(trace.marker(idx)[0]))
             host = clock() - t0 if measured else 0.0
             if op == OP_BLOCK_END:
+                dispatcher.end_block()
                 for move in ctrl.last_moves:
                     book.evicted(move.layer, move.evicted_expert)
                 if check_invariants:
@@ -382,6 +429,7 @@ def replay(
         prefetch_wasted=book.wasted - pf0[2], expert_bytes=cm.expert_bytes,
         slot_accesses=slot_accesses - base.get("slots", 0), kernel=cm.kernel, capacities=list(ctrl.capacities),
         per_layer_hit_rate=st.layer_hit_rates(), system=label,
+        calibration=dispatcher.calibrator.scales if dispatcher.calibrator is not None else {},
     )
 
 
