@@ -1,17 +1,29 @@
-"""Replay the hostile requests of issues 13 and 23 against a real ``oled-moe serve``, loopback only, bounded.
+"""Hostile requests against a real ``oled-moe serve`` (loopback only), then hostile command lines and Python calls.
 
-Starts ``python -m oled_hf.cli.serve`` on a free 127.0.0.1 port (a fresh tiny checkpoint unless
-``--model`` is given; 256 file descriptors, an API key, short read and request timeouts), then runs
-each case while a monitor polls ``/health`` on a new connection every 0.25 s. After every case a
-normal request must still get a 200. Prints one line per case: what came back, whether it was the
-expected answer, the slowest /health answer during the case, and whether the next request was served;
-then the server's RSS and open descriptors. Then the same for issue 23's cases (what a web page
-could send, huge integers, refused fields) against a second server started the default way,
-without a key. Exit status 0 only if every case passed.
+Server half (issues 13, 23, 35.5, 37.5): starts ``python -m oled_hf.cli.serve`` on a free 127.0.0.1 port
+(a fresh tiny checkpoint unless ``--model`` is given; 256 file descriptors, short read and request
+timeouts), first with an API key (``KEYED_CASES``: huge seeds and bodies, nested JSON, surrogates,
+disconnects, idle and slow sockets, control tokens), then the default way without a key
+(``WEB_CASES``: what a web page could send, huge integers, refused fields, penalties), while a monitor
+polls ``/health`` on a new connection every 0.25 s; after every case a normal request must still get a
+200. Then ``OWN_SERVER_CASES``, each on a server started with its own flags (35.5: a lone request after
+a burst must not wait the whole --batch-wait-ms).
 
-    .venv/bin/python eval/attack.py            # one to two minutes on 2 CPU cores
+CLI half (issues 13.5, 35, 37): ``eval/attack_cli.py``'s ``CASES`` (records over files and links,
+corrupted traces, out-of-range synth parameters, writes into a read-only folder or past ``ulimit -f``,
+``--device cuda`` without CUDA, ``~nouser`` paths, budget flags, the official 4-D mask, QK-norm and
+tie rule, extreme repetition_penalty, accelerate's offload options, tokenizer padding), each in a
+fresh, memory-limited interpreter.
 
-Every socket goes to 127.0.0.1; every wait has a timeout; the server is stopped at the end.
+Prints one line per case, labelled with its issue item ("35.1 record over a file/link"): pass or FAIL,
+for server cases the slowest /health answer during the case and whether the next request was served
+('-' for the others), then what happened. Exit status 0 only if every case passed.
+
+    .venv/bin/python eval/attack.py                 # both halves: about 10-15 minutes on 2 busy cores
+    .venv/bin/python eval/attack.py --only server   # about 2-3 minutes
+    .venv/bin/python eval/attack.py --only cli      # the rest
+
+Every socket goes to 127.0.0.1; every wait has a timeout; every server is stopped at the end.
 """
 
 from __future__ import annotations
@@ -32,6 +44,10 @@ from pathlib import Path
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # eval/ is not a package: its sibling by path
+import attack_cli  # noqa: E402
+from attack_cli import WIDTH, row  # noqa: E402
+
 KEY = "attack-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 CHAT = "/v1/chat/completions"
@@ -47,7 +63,9 @@ def _chat(content: str = "hi", max_tokens: int = 8, **extra) -> dict:
 class Server:
     """The CLI server in a subprocess, with a /health monitor thread; ``key`` None: the default, key-less server."""
 
-    def __init__(self, model: str, args, key: str | None = KEY):
+    def __init__(self, model: str, args, key: str | None = KEY, extra: tuple[str, ...] = ()):
+        """``extra``: more serve flags, after the attack's own (argparse keeps the last of a repeated flag)."""
+        self.model, self.args = model, args
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -57,7 +75,8 @@ class Server:
                "--port", str(self.port), *(["--api-key", key] if key else []), "--block-length", "8",
                "--default-max-tokens", "8",
                "--max-queue", "2", "--read-timeout", str(args.read_timeout), "--request-timeout",
-               str(args.request_timeout), "--max-body-bytes", str(args.max_body_bytes), "--log-level", "error"]
+               str(args.request_timeout), "--max-body-bytes", str(args.max_body_bytes), "--log-level", "error",
+               *extra]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
         # stderr goes to a file: a pipe nobody reads fills up and would freeze the server's event loop
         self.log = tempfile.TemporaryFile("w+")
@@ -216,7 +235,8 @@ def control_tokens_in_chat(srv):
     return _status(r), r.status_code == 200
 
 
-def mask_id_prompt(srv, mask_id: int):
+def mask_id_prompt(srv):
+    mask_id = json.loads((Path(srv.model) / "config.json").read_text())["mask_token_id"]
     r = srv.post("/v1/completions", {"prompt": [5, mask_id, 6], "max_tokens": 8})
     return _status(r), r.status_code == 400
 
@@ -266,7 +286,8 @@ def idle_flood(srv, count: int = 300):
     return f"{count} idle sockets; a request got {_status(r)} in {took:.2f} s; {fds}", r.status_code == 200
 
 
-def slow_headers(srv, args):
+def slow_headers(srv):
+    args = srv.args
     socks = [srv.connect() for _ in range(20)]
     for s in socks:
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # never finished
@@ -287,7 +308,8 @@ def slow_body(srv):
     return head, "408" in head
 
 
-def request_timeout(srv, args):
+def request_timeout(srv):
+    args = srv.args
     start = time.monotonic()
     r = srv.post(CHAT, _chat("long", max_tokens=LONG), timeout=args.request_timeout + 30)
     return f"{_status(r)} after {time.monotonic() - start:.1f} s", r.status_code == 504
@@ -297,16 +319,6 @@ def openapi_behind_key(srv):
     bare = httpx.get(f"{srv.url}/openapi.json", timeout=10, trust_env=False).status_code
     keyed = httpx.get(f"{srv.url}/openapi.json", headers=AUTH, timeout=10, trust_env=False).status_code
     return f"without key {bare}, with key {keyed}", (bare, keyed) == (401, 200)
-
-
-def unusable_keys(model: str):
-    """The CLI refuses blank keys before loading anything (no server is started for this case)."""
-    from oled_hf.cli import serve
-
-    codes = []
-    for key in ("   ", ""):
-        codes.append(serve.main(["--model", model, "--api-key", key]))
-    return f"exit {codes} for '   ' and ''", codes == [2, 2]
 
 
 # ---- issue 23: what a web page could send to the key-less server, and item 10's requests -------------------
@@ -388,25 +400,140 @@ def long_model_name(srv):
     return f"{r.status_code}, message of {size} characters", ok and 0 < size < 200
 
 
+# ---- issue 37 item 5: presence_penalty / frequency_penalty were accepted and did nothing ----------------------
+def penalty_out_of_range(srv):
+    return _refused(srv.post(CHAT, _chat(presence_penalty=2.5)), 400, "invalid_value", "presence_penalty")
+
+
+def penalty_not_a_number(srv):
+    return _refused(srv.post(CHAT, _chat(frequency_penalty="lots")), 400, "invalid_type", "frequency_penalty")
+
+
+def penalties_applied(srv):
+    """Zero is the same answer as absent; the largest penalties are served (200) and, on this gibberish model whose
+    16-token answers repeat tokens, change the answer (they used to be ignored)."""
+    def text(**extra):
+        r = srv.post(CHAT, _chat("tell me", max_tokens=16, **extra))
+        return r.status_code, r.json()["choices"][0]["message"]["content"] if r.status_code == 200 else _status(r)
+
+    plain, zero = text(), text(presence_penalty=0, frequency_penalty=0)
+    pushed = text(presence_penalty=2, frequency_penalty=2)
+    return (f"absent {plain[1][:20]!r}, zero {'same' if zero == plain else 'DIFFERENT'}, 2/2 {pushed[1][:20]!r}",
+            plain[0] == zero[0] == pushed[0] == 200 and zero == plain and pushed != plain)
+
+
+# ---- issue 35 item 5, on a server of its own: a lone request right after a burst waited the whole window -------
+def lone_after_burst(model: str, args, wait_ms: int = 3000):
+    """A burst of 8 concurrent requests, then a lone request, then another: the first lone one took 3.03 s at
+    --batch-wait-ms 3000 (it waited for companions that were not coming); now it takes what the second takes."""
+    srv = Server(model, args, key=None, extra=("--max-queue", "16", "--max-batch-size", "8",
+                                               "--batch-wait-ms", str(wait_ms)))
+    try:
+        srv.wait_ready()
+        barrier, codes = threading.Barrier(8), []
+
+        def one():
+            barrier.wait()
+            codes.append(srv.post(CHAT, _chat(), timeout=60).status_code)
+
+        threads = [threading.Thread(target=one) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        seconds = []
+        for _ in range(2):
+            start = time.monotonic()
+            codes.append(srv.post(CHAT, _chat(), timeout=60).status_code)
+            seconds.append(time.monotonic() - start)
+    finally:
+        srv.stop()
+    return (f"burst {codes[:8].count(200)}/8 served; lone after it {seconds[0]:.2f} s, next lone {seconds[1]:.2f} s "
+            f"(--batch-wait-ms {wait_ms})",
+            codes == [200] * 10 and seconds[0] < seconds[1] + 1.0 and seconds[0] < wait_ms / 1000)
+
+
+# ---- the tables: (label, case), each label starting with its issue item ----------------------------------------
+KEYED_CASES = [  # issue 13 against a server with --api-key
+    ("13.1 seed 2^64", seed_2_64), ("13.2 body 20 MB", body_20mb), ("13.2 prompt 1 MB", prompt_1mb),
+    ("13.3 nested [ x100000", nested_json), ("13.3 prompt a\\ud800b", surrogate_prompt),
+    ("13.3 model \\ud800", surrogate_model), ("13.3 temperature 1e-300", temperature_1e_300),
+    ("13.4 non-streamed disconnect", non_streamed_disconnect), ("13.4 queued clients leave", queued_clients_leave),
+    ("13.4 300 idle sockets", idle_flood), ("13.4 slow headers x20", slow_headers),
+    ("13.4 slow body", slow_body), ("13.4 request timeout", request_timeout),
+    ("13.5 control tokens in chat", control_tokens_in_chat), ("13.5 mask id in prompt", mask_id_prompt),
+    ("13.5 /openapi.json", openapi_behind_key), ("23.4 text/plain with a key", body_typed("text/plain")),
+]
+WEB_CASES = [  # issue 23 (and 37.5) against the default server: loopback, no key
+    ("23.4 text/plain body", body_typed("text/plain")),
+    ("23.4 form-urlencoded body", body_typed("application/x-www-form-urlencoded")),
+    ("23.4 multipart body", multipart_body), ("23.4 no Content-Type", body_typed(None)),
+    ("23.4 Host evil.example", foreign_host("evil.example")),
+    ("23.4 Host evil.example:port", foreign_host("evil.example:8000")),
+    ("23.4 loopback Host names", loopback_hosts), ("23.4 CORS preflight", cors_preflight),
+    ("23.10 user: 5000 digits", huge_int),
+    ("23.10 response_format json", refused_field("response_format", {"type": "json_object"}, "unsupported_value")),
+    ("23.10 logit_bias", refused_field("logit_bias", {"42": 100}, "unsupported_parameter")),
+    ("23.10 tool_choice required", refused_field("tool_choice", "required", "unsupported_value")),
+    ("23.10 function_call", refused_field("function_call", {"name": "f"}, "unsupported_value")),
+    ("23.10 neutral values served", neutral_fields), ("23.10 HEAD /health", head_health),
+    ("23.10 model name 100k chars", long_model_name),
+    ("37.5 penalty out of range", penalty_out_of_range), ("37.5 penalty not a number", penalty_not_a_number),
+    ("37.5 penalties applied", penalties_applied),
+]
+OWN_SERVER_CASES = [  # each starts (and stops) a server with its own flags: case(model, args)
+    ("35.5 lone request after burst", lone_after_burst),
+]
+
+
 def run_cases(srv: Server, cases: list) -> bool:
     """Each case, then a normal request; one table row per case. True if every case and follow-up passed."""
     passed_all = True
-    print(f"{'case':28} {'pass':4}  {'/health max':>11}  {'next':4}  result")
     for name, case in cases:
         srv.slowest, srv.failures = 0.0, 0
         try:
             result, ok = case(srv)
         except Exception as err:  # a case that blows up is a failed case, not a crashed replay
             result, ok = f"{type(err).__name__}: {err}", False
-        nxt = srv.post(CHAT, _chat(), timeout=60).status_code == 200 and srv.health()["status"] == "ok"
+        try:
+            nxt = srv.post(CHAT, _chat(), timeout=60).status_code == 200 and srv.health()["status"] == "ok"
+        except httpx.HTTPError:
+            nxt = False
         health = f"{srv.slowest:.2f} s" + (f" ({srv.failures} failed)" if srv.failures else "")
         passed_all &= ok and nxt and not srv.failures
-        print(f"{name:28} {'ok' if ok else 'FAIL':4}  {health:>11}  {'ok' if nxt else 'FAIL':4}  {result}", flush=True)
+        print(row(name, ok, result, health, "ok" if nxt else "FAIL"), flush=True)
+    return passed_all
+
+
+def run_server_cases(model: str, args) -> bool:
+    """The keyed server's cases, the key-less server's, then those that need a server of their own."""
+    start, passed_all = time.monotonic(), True
+    for label, key, chosen in (("with --api-key", KEY, KEYED_CASES), ("default: no key", None, WEB_CASES)):
+        srv = Server(model, args, key=key)
+        try:
+            srv.wait_ready()
+            print(f"server ({label}) pid {srv.proc.pid} on {srv.url}; {srv.resources()}")
+            passed_all &= run_cases(srv, chosen)
+            print(f"after all cases: {srv.resources()}; alive: {srv.proc.poll() is None}; "
+                  f"{time.monotonic() - start:.0f} s so far\n")
+        finally:
+            srv.stop()
+    print("servers with their own flags (started and stopped by each case)")
+    for name, case in OWN_SERVER_CASES:
+        try:
+            result, ok = case(model, args)
+        except Exception as err:
+            result, ok = f"{type(err).__name__}: {err}", False
+        passed_all &= ok
+        print(row(name, ok, result), flush=True)
+    print(f"{time.monotonic() - start:.0f} s so far\n")
     return passed_all
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description="replay issue 13's hostile requests against oled-moe serve (loopback)")
+    p = argparse.ArgumentParser(description="replay hostile requests against oled-moe serve (loopback), then "
+                                            "hostile command lines and Python calls (eval/attack_cli.py)")
+    p.add_argument("--only", choices=("server", "cli"), default=None, help="run only one half (default: both)")
     p.add_argument("--model", default=None, help="checkpoint (default: a fresh tiny one in a temporary folder)")
     p.add_argument("--read-timeout", type=float, default=2.0, help="the server's --read-timeout (default: 2)")
     p.add_argument("--request-timeout", type=float, default=3.0, help="the server's --request-timeout (default: 3)")
@@ -420,55 +547,18 @@ def main() -> int:
 
         scratch = tempfile.TemporaryDirectory()
         model = str(make_checkpoint(Path(scratch.name) / "tiny", preset="tiny", seed=0))
-    mask_id = json.loads((Path(model) / "config.json").read_text())["mask_token_id"]
-    cases = [
-        ("1 seed 2^64", seed_2_64), ("2 body 20 MB", body_20mb), ("2 prompt 1 MB", prompt_1mb),
-        ("3 nested [ x100000", nested_json), ("3 prompt a\\ud800b", surrogate_prompt),
-        ("3 model \\ud800", surrogate_model), ("3 temperature 1e-300", temperature_1e_300),
-        ("4 non-streamed disconnect", non_streamed_disconnect), ("4 queued clients leave", queued_clients_leave),
-        ("4 300 idle sockets", idle_flood), ("4 slow headers x20", lambda s: slow_headers(s, args)),
-        ("4 slow body", slow_body), ("4 request timeout", lambda s: request_timeout(s, args)),
-        ("5 control tokens in chat", control_tokens_in_chat),
-        ("5 mask id in prompt", lambda s: mask_id_prompt(s, mask_id)),
-        ("5 /openapi.json", openapi_behind_key),
-        ("23.4 text/plain with a key", body_typed("text/plain")),
-    ]
-    web_cases = [  # issue 23 against the default server: loopback, no key
-        ("23.4 text/plain body", body_typed("text/plain")),
-        ("23.4 form-urlencoded body", body_typed("application/x-www-form-urlencoded")),
-        ("23.4 multipart body", multipart_body), ("23.4 no Content-Type", body_typed(None)),
-        ("23.4 Host evil.example", foreign_host("evil.example")),
-        ("23.4 Host evil.example:port", foreign_host("evil.example:8000")),
-        ("23.4 loopback Host names", loopback_hosts), ("23.4 CORS preflight", cors_preflight),
-        ("23.10 user: 5000 digits", huge_int),
-        ("23.10 response_format json", refused_field("response_format", {"type": "json_object"},
-                                                     "unsupported_value")),
-        ("23.10 logit_bias", refused_field("logit_bias", {"42": 100}, "unsupported_parameter")),
-        ("23.10 tool_choice required", refused_field("tool_choice", "required", "unsupported_value")),
-        ("23.10 function_call", refused_field("function_call", {"name": "f"}, "unsupported_value")),
-        ("23.10 neutral values served", neutral_fields), ("23.10 HEAD /health", head_health),
-        ("23.10 model name 100k chars", long_model_name),
-    ]
     start, passed_all = time.monotonic(), True
+    print(f"{'case':{WIDTH}} {'pass':4}  {'/health max':>11}  {'next':4}  result")
     try:
-        for label, key, chosen in (("with --api-key", KEY, cases), ("default: no key", None, web_cases)):
-            srv = Server(model, args, key=key)
-            try:
-                srv.wait_ready()
-                print(f"server ({label}) pid {srv.proc.pid} on {srv.url}; {srv.resources()}")
-                passed_all &= run_cases(srv, chosen)
-                if key is not None:
-                    result, ok = unusable_keys(model)
-                    passed_all &= ok
-                    print(f"{'5 blank --api-key':28} {'ok' if ok else 'FAIL':4}  {'-':>11}  {'-':4}  {result}")
-                print(f"after all cases: {srv.resources()}; alive: {srv.proc.poll() is None}; "
-                      f"{time.monotonic() - start:.0f} s so far\n")
-            finally:
-                srv.stop()
+        if args.only in (None, "server"):
+            passed_all &= run_server_cases(model, args)
+        if args.only in (None, "cli"):
+            print("command lines and Python calls (eval/attack_cli.py), each in a fresh interpreter")
+            passed_all &= attack_cli.run_cases(model)
     finally:
         if scratch is not None:
             scratch.cleanup()
-    print("ALL PASSED" if passed_all else "SOME CASES FAILED")
+    print(f"{time.monotonic() - start:.0f} s in all; " + ("ALL PASSED" if passed_all else "SOME CASES FAILED"))
     return 0 if passed_all else 1
 
 
