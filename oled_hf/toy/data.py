@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from ..fileio import check_new_files, write_folder_atomically
+
 LOW, HIGH = 100, 999  # operands: all 3-digit numbers, inclusive
 HELDOUT_MODULUS = 32  # ~1/32 of pairs are held out (about 25k of 810k)
 DATA_SEED = 20240  # fixes the held-out order and the multiple-choice distractors, not the split
@@ -112,16 +114,25 @@ def record(a: int, b: int) -> dict:
     return {"question": question_text(a, b), "answer": answer_text(a, b), "choices": choices, "label": label}
 
 
-def write_jsonl(out_dir: str | os.PathLike, n_train: int = 1000, n_heldout: int = 1000) -> dict[str, Path]:
-    """``train.jsonl`` (few-shot pool) and ``test.jsonl`` (held-out) for lm-eval; returns the paths."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {}
-    for name, pairs in (("train", train_pairs(n_train)), ("test", heldout_pairs(n_heldout))):
-        path = out / f"{name}.jsonl"
-        path.write_text("".join(json.dumps(record(a, b)) + "\n" for a, b in pairs))
-        paths[name] = path
-    return paths
+def write_jsonl(out_dir: str | os.PathLike, n_train: int = 1000, n_heldout: int = 1000, *,
+                overwrite: bool = False) -> dict[str, Path]:
+    """``train.jsonl`` (few-shot pool) and ``test.jsonl`` (held-out) for lm-eval; returns the paths.
+
+    ``out_dir`` may be missing (then its parent must exist); files already there are refused unless
+    ``overwrite``. Both files are built in a temporary sibling folder and moved in together
+    (:func:`~oled_hf.fileio.write_folder_atomically`), so a failure leaves the folder as it was.
+    """
+    names = {"train": "train.jsonl", "test": "test.jsonl"}
+    out = check_new_files(out_dir, names.values(), overwrite=overwrite, field="out",
+                          flag="overwrite=True (--overwrite)", create=True)
+    splits = {"train": train_pairs(n_train), "test": heldout_pairs(n_heldout)}
+
+    def build(folder: Path) -> None:
+        for split, pairs in splits.items():
+            (folder / names[split]).write_text("".join(json.dumps(record(a, b)) + "\n" for a, b in pairs))
+
+    write_folder_atomically(build, out)
+    return {split: out / name for split, name in names.items()}
 
 
 @dataclass(frozen=True)
@@ -196,8 +207,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("out")
     parser.add_argument("--n-train", type=int, default=1000)
     parser.add_argument("--n-heldout", type=int, default=1000)
+    parser.add_argument("--overwrite", action="store_true", help="replace train.jsonl / test.jsonl in OUT")
     args = parser.parse_args(argv)
-    for name, path in write_jsonl(args.out, args.n_train, args.n_heldout).items():
+    try:
+        paths = write_jsonl(args.out, args.n_train, args.n_heldout, overwrite=args.overwrite)
+    except (ValueError, OSError) as err:
+        parser.error(str(err))
+    for name, path in paths.items():
         print(f"{name}: {path}")
 
 

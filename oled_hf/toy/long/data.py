@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from ...fileio import check_new_files, write_folder_atomically
 from .tasks import DEFAULT_MIX, SHIPPED_MIX, Problem, TaskSpec, heldout_problems, train_problems
 
 # Every word of the chat frame and of the questions becomes one token; answer words stay spelled.
@@ -142,17 +143,30 @@ def record(p: Problem) -> dict:
 
 
 def write_jsonl(out_dir: str | os.PathLike, mix: tuple[TaskSpec, ...], n_train: int = 100,
-                n_heldout: int = 200) -> dict[str, Path]:
-    """Per task ``{task}/train.jsonl`` (few-shot pool) and ``{task}/test.jsonl`` (held out)."""
-    out = Path(out_dir)
+                n_heldout: int = 200, *, overwrite: bool = False) -> dict[str, Path]:
+    """Per task ``{task}/train.jsonl`` (few-shot pool) and ``{task}/test.jsonl`` (held out).
+
+    ``out_dir`` may be missing (then its parent must exist); a task's files already there are
+    refused unless ``overwrite``, every one checked before any is written. Each task's folder is
+    built in a temporary sibling and moved in (:func:`~oled_hf.fileio.write_folder_atomically`):
+    a failure leaves no task folder half written.
+    """
+    names = ("train.jsonl", "test.jsonl")
+    out = check_new_files(out_dir, [], overwrite=overwrite, field="out", flag="overwrite=True (--overwrite)",
+                          create=True)
+    for spec in mix if out.is_dir() else ():  # a new folder holds nothing to refuse
+        check_new_files(out / spec.name, names, overwrite=overwrite, field="out",
+                        flag="overwrite=True (--overwrite)", create=True)
     paths = {}
     for spec in mix:
-        folder = out / spec.name
-        folder.mkdir(parents=True, exist_ok=True)
-        for split, problems in (("train", train_problems(spec, n_train)), ("test", heldout_problems(spec, n_heldout))):
-            path = folder / f"{split}.jsonl"
-            path.write_text("".join(json.dumps(record(p)) + "\n" for p in problems))
-            paths[f"{spec.name}/{split}"] = path
+        splits = {"train": train_problems(spec, n_train), "test": heldout_problems(spec, n_heldout)}
+
+        def build(folder: Path, splits=splits) -> None:
+            for split, problems in splits.items():
+                (folder / f"{split}.jsonl").write_text("".join(json.dumps(record(p)) + "\n" for p in problems))
+
+        write_folder_atomically(build, out / spec.name)
+        paths.update({f"{spec.name}/{split}": out / spec.name / f"{split}.jsonl" for split in splits})
     return paths
 
 
@@ -167,8 +181,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("out")
     parser.add_argument("--n-train", type=int, default=50)
     parser.add_argument("--n-heldout", type=int, default=200)
+    parser.add_argument("--overwrite", action="store_true", help="replace the tasks' JSONL files in OUT")
     args = parser.parse_args(argv)
-    for name, path in write_jsonl(args.out, EVAL_MIX, args.n_train, args.n_heldout).items():
+    try:
+        paths = write_jsonl(args.out, EVAL_MIX, args.n_train, args.n_heldout, overwrite=args.overwrite)
+    except (ValueError, OSError) as err:
+        parser.error(str(err))
+    for name, path in paths.items():
         print(f"{name}: {path}")
 
 
