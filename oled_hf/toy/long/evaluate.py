@@ -8,7 +8,7 @@ and the open tasks pooled (``open``). Printed for the shipped decoding setting
 (block 16, threshold 0.95) and for LLaDA2.0-mini's block 32 at threshold 0.9:
 
     python -m oled_hf.toy.long.evaluate [CHECKPOINT] [--n 200] [--settings 16:0.95 32:0.9] [--json OUT]
-                                        [--update-report]
+                                        [--overwrite] [--update-report]
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from ...fileio import check_new_file, check_writable_folder, write_text_atomically
 from .data import LongEncoding
 from .tasks import DEFAULT_MIX, OPEN_TASKS, Problem, TaskSpec, check, heldout_problems
 
@@ -149,10 +150,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--settings", nargs="+", default=["16:0.95", "32:0.9"], help="block:threshold pairs")
     parser.add_argument("--batch-size", type=int, default=50)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--json", default=None, help="also write the figures here")
+    parser.add_argument("--json", default=None, help="also write the figures here (a new file unless --overwrite)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --json file")
     parser.add_argument("--update-report", action="store_true",
                         help="store the figures (and this command) as 'heldout' in the checkpoint's long_report.json")
     args = parser.parse_args(argv)
+    try:  # refused now, not after minutes of decoding
+        check_outputs(args.json, args.overwrite, Path(args.checkpoint) if args.update_report else None)
+    except ValueError as err:
+        parser.error(str(err))
     torch.set_num_threads(args.threads)
     model = AutoModelForCausalLM.from_pretrained(args.checkpoint).eval()
     tokenizer = AutoTokenizer.from_pretrained(args.checkpoint)
@@ -167,15 +173,30 @@ def main(argv: list[str] | None = None) -> None:
     record = {"command": ["python", "-m", "oled_hf.toy.long.evaluate", *(argv if argv is not None else sys.argv[1:])],
               "n_per_task": args.n, "torch": torch.__version__, "results": results}
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(record, f, indent=2)
+        write_text_atomically(json.dumps(record, indent=2), args.json)
     if args.update_report:
-        from . import REPORT_NAME
+        update_report(Path(args.checkpoint), record)
 
-        path = Path(args.checkpoint) / REPORT_NAME
-        report = json.loads(path.read_text()) if path.is_file() else {}
-        report["heldout"] = record
-        path.write_text(json.dumps(report, indent=2) + "\n")
+
+def check_outputs(json_path: str | None, overwrite: bool, checkpoint: Path | None) -> None:
+    """Refuse an output this run could not write, before the model loads: an existing ``--json``
+    without ``--overwrite`` (:func:`check_new_file`), a checkpoint folder that refuses a new file
+    (``--update-report`` rewrites its report through a temporary file there)."""
+    if json_path:
+        check_new_file(json_path, overwrite=overwrite, field="--json", flag="--overwrite")
+    if checkpoint is not None:
+        check_writable_folder(checkpoint, field="--update-report: the checkpoint")
+
+
+def update_report(checkpoint: Path, record: dict) -> Path:
+    """``record`` as ``heldout`` in the checkpoint's report, the rest kept; the file replaced whole or not at all."""
+    from . import REPORT_NAME
+
+    path = checkpoint / REPORT_NAME
+    report = json.loads(path.read_text()) if path.is_file() else {}
+    report["heldout"] = record
+    write_text_atomically(json.dumps(report, indent=2) + "\n", path)
+    return path
 
 
 __all__ = ["TaskFigures", "decode", "evaluate", "format_table", "asdict"]
