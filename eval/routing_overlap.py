@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run from a clone without installing
     sys.path.insert(0, str(ROOT))
 
+from oled_hf.fileio import check_new_file, write_atomically, write_text_atomically  # noqa: E402
 from oled_hf.sim.routing_stats import routing_stats  # noqa: E402
 from oled_hf.sim.trace import load_trace  # noqa: E402
 
@@ -139,8 +140,11 @@ def plot(s: dict, path: str, title: str) -> None:
     a.legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    kind = Path(path).suffix.lstrip(".") or "png"  # the temporary file's name says nothing of the format
+    try:
+        write_atomically(lambda tmp: fig.savefig(tmp, dpi=110, format=kind), path)
+    finally:
+        plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,6 +166,11 @@ def main(argv: list[str] | None = None) -> int:
         out = getattr(args, flag)
         if out and Path(out).exists() and not args.overwrite:
             p.error(f"--{flag.replace('_', '-')} {out} exists; give a new path or pass --overwrite to replace it")
+        if out:  # a folder, a missing or read-only folder
+            try:
+                check_new_file(out, overwrite=True, field=f"--{flag.replace('_', '-')}")
+            except ValueError as err:
+                p.error(str(err))
     with tempfile.TemporaryDirectory() as tmp:
         path = args.trace
         if args.long:
@@ -170,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
 
             path = args.save_trace or str(Path(tmp) / "long.pt")
             r = record_trace(path, args.model or LONG_CHECKPOINT, n_per_task=args.n_per_task,
-                             block_length=args.block_length, threshold=args.threshold)
+                             block_length=args.block_length, threshold=args.threshold, overwrite=args.overwrite)
             print(f"recorded {r['prompts']} held-out prompts, {r['forwards']} forwards -> {r['path']}")
         trace = load_trace(path)
         s = routing_stats(trace).summary()
@@ -178,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     name = "long-answer toy (held-out)" if args.long else args.trace
     print(format_report(s, name))
     if args.json:
-        Path(args.json).write_text(json.dumps(s, indent=2) + "\n")
+        write_text_atomically(json.dumps(s, indent=2) + "\n", args.json)
     if args.plot:
         plot(s, args.plot, f"routing of {name}, block {s['block_length']}")
         print(f"figure -> {args.plot}")

@@ -1,6 +1,7 @@
 """Record routing traces of the long-answer toy on held-out prompts (for ``oled-moe trace replay``, sim/).
 
-``python -m oled_hf.toy.long.traces OUT.pt [--n-per-task 25] [--block-length 16] [--threshold 0.95] [--split dev]``
+``python -m oled_hf.toy.long.traces OUT.pt [--n-per-task 25] [--block-length 16] [--threshold 0.95] [--split dev]
+[--overwrite]``
 
 Prompts are the first held-out problems of each task of the checkpoint's mix (``--split dev``:
 training-split problems, for tuning policies without looking at held-out routing), interleaved task
@@ -36,17 +37,24 @@ def split_questions(checkpoint, n_per_task: int, split: str = "held-out") -> lis
 
 def record_trace(out: str | Path, checkpoint: str | Path = LONG_CHECKPOINT, *, n_per_task: int = 25,
                  block_length: int | None = None, threshold: float | None = None, split: str = "held-out",
-                 quiet: bool = False) -> dict:
+                 quiet: bool = False, overwrite: bool = False) -> dict:
     """Decode the held-out prompts and save their trace to ``out``; returns counts for the caller to print.
 
+    ``out`` is checked before the model loads (:func:`~oled_hf.sim.recorder.check_trace_path`): an
+    existing file is refused unless ``overwrite``, and a missing folder is refused, not created (a
+    typo far more often than a wish for a new folder; minutes of decoding would end in a file
+    nobody looks for). The trace is written whole or not at all.
     Says what it does on stderr as it goes (loading, how many prompts, a per-prompt bar on a terminal):
     a run takes minutes and was silent until its last line.
     """
+    from ...sim.recorder import TraceRecorder, check_trace_path
+
+    if split not in SPLITS:
+        raise ValueError(f"split {split!r}: expected one of {', '.join(SPLITS)}")
+    check_trace_path(out, overwrite=overwrite, field="out", flag="--overwrite")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import oled_hf  # noqa: F401  (registers the Auto classes)
-
-    from ...sim.recorder import TraceRecorder
 
     def say(text: str) -> None:
         if not quiet:
@@ -71,7 +79,8 @@ def record_trace(out: str | Path, checkpoint: str | Path = LONG_CHECKPOINT, *, n
         with torch.no_grad():
             seq = model.generate(**ids, **gen)
         new_tokens += seq.shape[1] - ids["input_ids"].shape[1]
-    path = recorder.save(out)
+    recorder.writer.save(str(out))  # atomic, into the folder checked above (recorder.save would make folders)
+    path = Path(out)
     recorder.detach()
     trace = recorder.writer.trace()
     return {"path": str(path), "prompts": len(questions), "forwards": trace.num_forwards, "new_tokens": new_tokens}
@@ -87,13 +96,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--split", choices=SPLITS, default="held-out",
                         help="held-out problems (reports) or training problems (dev: policy tuning)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing OUT file")
     add_quiet_argument(parser)
     args = parser.parse_args(argv)
     quiet_library_bars(args.quiet)  # no "Loading weights" bar in a log
     if args.threads:
         torch.set_num_threads(args.threads)
-    r = record_trace(args.out, args.model, n_per_task=args.n_per_task, block_length=args.block_length,
-                     threshold=args.threshold, split=args.split, quiet=args.quiet)
+    try:
+        r = record_trace(args.out, args.model, n_per_task=args.n_per_task, block_length=args.block_length,
+                         threshold=args.threshold, split=args.split, quiet=args.quiet, overwrite=args.overwrite)
+    except (ValueError, OSError) as err:  # a refused path, a failed write: one line, exit 2
+        parser.error(str(err))
     print(f"recorded {r['prompts']} {args.split} prompts, {r['forwards']} forwards, {r['new_tokens']} new tokens "
           f"-> {r['path']}")
 
