@@ -32,7 +32,9 @@ import oled_hf  # noqa: F401
 from oled_hf import OffloadConfig
 from oled_hf.checkpoints.presets import preset_config_kwargs
 from oled_hf.checkpoints.streaming import write_random_checkpoint
+from oled_hf.fileio import check_new_files, write_text_atomically
 
+RESULT_NAME = "gpu_check.json"
 MINI = dict(vocab_size=157184, hidden_size=2048, num_hidden_layers=20, num_attention_heads=16, num_key_value_heads=4,
             head_dim=128, rotary_dim=64, intermediate_size=5120, num_experts=256, num_experts_per_tok=8,
             moe_intermediate_size=512, n_group=8, topk_group=4, max_position_embeddings=32768)
@@ -85,7 +87,9 @@ def main(argv=None) -> int:
     p.add_argument("--model", default=None, help="existing checkpoint (default: build a random one)")
     p.add_argument("--preset", default="mini", choices=["mini", "small", "tiny"])
     p.add_argument("--device", default="cuda")
-    p.add_argument("--out-dir", default="/tmp/oled_gpu_check")
+    p.add_argument("--out-dir", default="/tmp/oled_gpu_check",
+                   help="gpu_check.json (and the built checkpoint) go here; made if its parent exists")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing gpu_check.json in --out-dir")
     p.add_argument("--cache-sizes", type=int, nargs="+", default=[40, 100])
     p.add_argument("--policies", nargs="+", default=["oled", "lru"])
     p.add_argument("--gen-length", type=int, default=32)
@@ -96,6 +100,11 @@ def main(argv=None) -> int:
         print("gpu_check: no CUDA device; use --device cpu --preset tiny for the reduced check", file=sys.stderr)
         return 2
     out_dir = Path(args.out_dir)
+    try:  # refused now, not after minutes of building and decoding
+        check_new_files(out_dir, [RESULT_NAME], overwrite=args.overwrite, field="--out-dir", flag="--overwrite",
+                        create=True)
+    except ValueError as err:
+        p.error(str(err))
     path = Path(args.model) if args.model else out_dir / f"ckpt-{args.preset}"
     if not (path / "config.json").is_file():
         start = time.perf_counter()
@@ -155,8 +164,8 @@ def main(argv=None) -> int:
                 if "host_us_per_layer" in r else "")
         print(f"{r['config']:<32} TPOT {r['tpot_ms']:9.2f} ms  hit rate {hit:>6}  "
               f"bytes copied {r['bytes_copied'] / 2**20:10.1f} MiB  token agreement {r['token_agreement']:.4f}{host}")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "gpu_check.json").write_text(json.dumps(rows, indent=2))
+    out_dir.mkdir(exist_ok=True)
+    write_text_atomically(json.dumps(rows, indent=2), out_dir / RESULT_NAME)
     print("exact tokens with CPU compute off:", "yes" if exact_ok else "NO")
     print("every expert cached: no routing sync, no miss, exact tokens:", "yes" if deferred_ok else "NO")
     return 0 if exact_ok and deferred_ok else 1

@@ -51,3 +51,38 @@ def test_streaming_writer_matches_model_layout(tmp_path):
     assert len(set(index["weight_map"].values())) > 1
     model = OledLLaDA2ForDiffusionLM.from_pretrained(path)
     assert model.moe_blocks()[0].gate.expert_bias.dtype.is_floating_point
+
+
+def test_gpu_check_refuses_an_existing_result_before_any_work(tmp_path, capsys):
+    import pytest
+
+    gpu_check = _load("gpu_check")
+    gpu_check.write_random_checkpoint = lambda *a, **k: pytest.fail("nothing may be built")
+    (tmp_path / "gpu_check.json").write_text("mine")
+    with pytest.raises(SystemExit) as exit_:
+        gpu_check.main(["--preset", "tiny", "--device", "cpu", "--out-dir", str(tmp_path)])
+    assert exit_.value.code == 2
+    assert "already holds gpu_check.json; pass --overwrite to replace it" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["gpu_check.json"]
+    assert (tmp_path / "gpu_check.json").read_text() == "mine"
+
+
+def test_gpu_check_failed_write_keeps_the_old_result(tiny_path, tmp_path, monkeypatch):
+    import errno
+
+    import pytest
+
+    from oled_hf import fileio
+
+    (tmp_path / "gpu_check.json").write_text("old")
+
+    def full_disk(path):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(fileio, "_fsync", full_disk)
+    with pytest.raises(OSError, match=f"could not write {tmp_path / 'gpu_check.json'}: No space left on device"):
+        _load("gpu_check").main(["--model", str(tiny_path), "--device", "cpu", "--cache-sizes", "4", "--policies",
+                                 "lru", "--gen-length", "8", "--block-length", "8", "--out-dir", str(tmp_path),
+                                 "--overwrite"])
+    assert [p.name for p in tmp_path.iterdir()] == ["gpu_check.json"]
+    assert (tmp_path / "gpu_check.json").read_text() == "old"
