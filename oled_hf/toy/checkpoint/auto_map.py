@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from importlib import metadata
 from pathlib import Path
 
@@ -50,7 +51,7 @@ def write_model_code(directory: str | os.PathLike) -> None:
 
     The source is this module's own folder: the installed package, or the Hub module cache
     when the model itself was loaded with ``trust_remote_code`` (transformers copies every file
-    the model imports there).
+    the model imports there). Each file is written whole or not at all (:func:`copy_atomically`).
     """
     here = Path(__file__).resolve().parent
     missing = [name for name in CODE_FILES if not (here / name).is_file()]
@@ -59,7 +60,35 @@ def write_model_code(directory: str | os.PathLike) -> None:
     for name in CODE_FILES:
         target = Path(directory, name)
         if target.resolve() != (here / name):
-            shutil.copyfile(here / name, target)
+            copy_atomically(here / name, target)
+
+
+def copy_atomically(source: Path, target: Path) -> None:
+    """``source``'s bytes as ``target``: a temporary file beside it, then one rename.
+
+    A reader never sees half a file, a failure (full disk, ``ulimit -f``) leaves no temporary file
+    and the old ``target`` as it was, and a link at ``target`` is replaced, never written through
+    (``shutil.copyfile`` would rewrite the file it points to). This is ``oled_hf.fileio``'s
+    scheme, written out again because this folder is copied into every checkpoint and must run
+    with only torch and transformers installed: it cannot import oled_hf.
+    """
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as err:
+        raise OSError(err.errno, f"could not write {target}: {err.strerror or err}; nothing was written there") from err
+    try:
+        with os.fdopen(fd, "wb") as out, open(source, "rb") as src:
+            shutil.copyfileobj(src, out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the code from other users
+        os.replace(tmp, target)
+    except BaseException as err:
+        Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, OSError):
+            raise OSError(err.errno, f"could not write {target}: {err.strerror or err}; nothing was written "
+                          "there") from err
+        raise
 
 
 def installed_oled_hf_version() -> str | None:
