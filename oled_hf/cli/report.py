@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..progress import add_quiet_argument, progress
+
 RECORD_COMMAND = "LONG_ONLY=1 eval/record_traces.sh TRACES oled_hf/toy/long/checkpoint"
 PREDICTOR_FIGURE, PREDICTOR_TEXT = "i_predictors.png", "i_predictors.txt"  # eval/predictor_quality.py's, if present
 
@@ -34,6 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="forwards per window of the valid LP bound (oled_hf/sim/lp_bound.py; each window starts "
                         "from a free cache, so longer is tighter and slower: HiGHS takes seconds per window of "
                         "2 forwards at mini's shape); 0 leaves the LP bound out (default 2)")
+    add_quiet_argument(p)
     add_cost_model_args(p)
     p.set_defaults(func=report_cmd, as_model_default="llada2.0-mini")
 
@@ -77,6 +80,7 @@ def report_cmd(args: argparse.Namespace) -> int:
     searched: dict = {}
     profile = None
     dev_label = "-"
+    bar = progress(total=len(args.traces) + bool(args.dev), desc="report", unit="trace", quiet=args.quiet)
     if args.dev:
         dev = load_trace(args.dev)
         dev_label = Path(args.dev).name
@@ -87,6 +91,7 @@ def report_cmd(args: argparse.Namespace) -> int:
         for name, (knobs, scores) in rp.tune(dev, rp.SYSTEMS, dev_cost, planner, min(warm, n_seq - 1),
                                              profile=profile).items():
             tuned[name], searched[name] = knobs, scores
+        bar.update()
     infos, traces, costs = [], {}, {}
     for path in args.traces:
         label = Path(path).name.removesuffix(".trace")
@@ -101,6 +106,8 @@ def report_cmd(args: argparse.Namespace) -> int:
                                    tuned=tuned, profile=prof, lp_window=args.lp_window)
         infos.append(info)
         traces[label], costs[label] = trace, cost
+        bar.update()
+    bar.close()  # a log gets "report: done, 3/3 trace in 4m12s (...)"
     main = next((i for i in infos if i.label == args.main), infos[0])
     cm = costs[main.label]
     warm = main.warmup

@@ -1,5 +1,7 @@
 """`oled-moe report`: every section and plot from traces, sweeps inferred from trace headers."""
 
+import re
+
 import pytest
 
 from oled_hf.sim.report import HEADLINE_PCT, SYSTEMS, run_systems, slots_for, targets
@@ -11,7 +13,7 @@ def test_slots_for_percent():
     assert slots_for(1, 8) == 1
 
 
-def test_report_writes_markdown_and_plots(tmp_path):
+def test_report_writes_markdown_and_plots(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     from oled_hf.cli.main import main
 
@@ -28,6 +30,7 @@ def test_report_writes_markdown_and_plots(tmp_path):
     synthetic_trace(num_layers=3, num_experts=16, top_k=2, block_length=8, num_blocks=2, seed=9).save(str(dev))
     assert main(["report", *paths, "--dev", str(dev), "--out", str(out), "--sizes", "25", "100",
                  "--planner-us", "10"]) == 0
+    assert re.search(r"^report: done, 4/4 trace in ", capsys.readouterr().err, re.M)  # a log hears the duration
     md = (out / "report.md").read_text()
     for heading in ("## Traces", "### Headline", "## (c) Ablation", "## (d) Block length", "## (e) Batch size",
                     "## (f) PCIe", "## (g) Planner", "## (h) Mis-calibration", "3 MoE layers x 16 experts",
