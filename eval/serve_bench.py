@@ -9,6 +9,13 @@ single-request answers every later pass must reproduce, answer for answer. Loopb
 
     .venv/bin/python eval/serve_bench.py                      # the toy, resident and offloaded, ~1 min on CPU
     .venv/bin/python eval/serve_bench.py --modes resident --clients 1 8 --json
+    .venv/bin/python eval/serve_bench.py --client openai      # the official openai client instead
+
+``--client http`` (default) posts with ``http.client`` (light: the clients take little CPU from the
+server); ``--client openai`` with the ``openai`` package (``OpenAI(...).chat.completions.create``,
+one client object per thread), as an application would. Each row also gives the CPU seconds per
+request of this process (the clients) and of the server, so a limit set by the clients' own CPU
+cost on a small machine shows.
 
 Exit status 1 when an answer differs from its single-request answer or a request fails.
 """
@@ -34,6 +41,7 @@ import httpx
 MODES = ("resident", "offloaded")
 CACHE_RATIO = 0.4
 MAX_REQUESTS = 1024
+STARTUP_S = 300  # a loaded 2-core machine took 42 s to load the toy and answer /health
 
 
 def _questions(count: int) -> list[str]:
@@ -62,7 +70,7 @@ class _Server:
         self.proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
     def __enter__(self) -> _Server:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + STARTUP_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the server exited: {self.proc.communicate()[1][-2000:]}")
@@ -72,7 +80,7 @@ class _Server:
             except httpx.TransportError:
                 time.sleep(0.1)
         self.__exit__()
-        raise RuntimeError("the server did not answer /health within 120 s")
+        raise RuntimeError(f"the server did not answer /health within {STARTUP_S} s")
 
     def __exit__(self, *exc) -> None:
         if self.proc.poll() is None:
@@ -104,12 +112,42 @@ class _Client:
         return self.conn.getresponse().read().decode()
 
 
-def _ask(client: _Client, question: str, args) -> tuple[str, float, int]:
+class _OpenAIClient:
+    """The official ``openai`` client (``pip install openai``), one per thread as applications use it."""
+
+    def __init__(self, url: str, timeout: float):
+        import openai
+
+        self.client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", timeout=timeout, max_retries=0)
+        self.model = self.client.models.list().data[0].id  # the served name, once, before the timed requests
+
+    def chat(self, body: dict) -> tuple[str, int]:
+        out = self.client.chat.completions.create(model=self.model, **body)
+        return out.choices[0].message.content, int(out.usage.completion_tokens)
+
+
+def _make_client(url: str, args):
+    return _OpenAIClient(url, args.timeout) if args.client == "openai" else _Client(url, args.timeout)
+
+
+def _ask(client, question: str, args) -> tuple[str, float, int]:
     body = {"messages": [{"role": "user", "content": question}], "max_tokens": args.max_tokens}
     start = time.perf_counter()
-    out = client.post("/v1/chat/completions", body)
-    elapsed = time.perf_counter() - start
-    return out["choices"][0]["message"]["content"], elapsed, int(out["usage"]["completion_tokens"])
+    if isinstance(client, _OpenAIClient):
+        text, tokens = client.chat(body)
+    else:
+        out = client.post("/v1/chat/completions", body)
+        text, tokens = out["choices"][0]["message"]["content"], int(out["usage"]["completion_tokens"])
+    return text, time.perf_counter() - start, tokens
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux /proc; 0 where it is not readable)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def _metric(text: str, name: str) -> float:
@@ -119,7 +157,7 @@ def _metric(text: str, name: str) -> float:
     return 0.0
 
 
-def _pass(url: str, questions: list[str], clients: int, args) -> dict:
+def _pass(url: str, questions: list[str], clients: int, args, server_pid: int = 0) -> dict:
     """``clients`` closed-loop clients share ``questions``; answers come back in question order."""
     answers: list = [None] * len(questions)
     latencies: list = [None] * len(questions)
@@ -127,8 +165,11 @@ def _pass(url: str, questions: list[str], clients: int, args) -> dict:
     next_index = iter(range(len(questions)))
     lock = threading.Lock()
 
+    made = threading.Barrier(clients + 1)
+
     def client_loop() -> None:
-        client = _Client(url, args.timeout)
+        client = _make_client(url, args)
+        made.wait()
         while True:
             with lock:
                 i = next(next_index, None)
@@ -137,11 +178,14 @@ def _pass(url: str, questions: list[str], clients: int, args) -> dict:
             answers[i], latencies[i], tokens[i] = _ask(client, questions[i], args)
 
     before = _Client(url, args.timeout).get("/metrics")
-    start = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
-        for future in [pool.submit(client_loop) for _ in range(clients)]:
+        futures = [pool.submit(client_loop) for _ in range(clients)]
+        made.wait(60)  # the clients exist (the openai package's setup is not timed)
+        start, cpu, server_cpu = time.perf_counter(), time.process_time(), _cpu_seconds(server_pid)
+        for future in futures:
             future.result()
-    wall = time.perf_counter() - start
+        wall = time.perf_counter() - start
+        cpu, server_cpu = time.process_time() - cpu, _cpu_seconds(server_pid) - server_cpu
     after = _Client(url, args.timeout).get("/metrics")
     batches = _metric(after, "oled_batches_total") - _metric(before, "oled_batches_total")
     ordered = sorted(latencies)
@@ -150,6 +194,7 @@ def _pass(url: str, questions: list[str], clients: int, args) -> dict:
         "tokens_per_s": sum(tokens) / wall, "requests_per_s": len(questions) / wall,
         "p50_s": statistics.median(ordered), "p95_s": ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))],
         "mean_batch": len(questions) / batches if batches else None, "answers": answers, "latencies": ordered,
+        "client_cpu_ms": 1e3 * cpu / len(questions), "server_cpu_ms": 1e3 * server_cpu / len(questions),
     }
 
 
@@ -161,7 +206,7 @@ def bench_mode(mode: str, questions: list[str], args) -> list[dict]:
         _pass(server.url, questions[: min(8, len(questions))], 1, args)  # warm-up, untimed
         for _ in range(args.rounds):
             for clients in args.clients:
-                runs[clients].append(_pass(server.url, questions, clients, args))
+                runs[clients].append(_pass(server.url, questions, clients, args, server.proc.pid))
     rows = []
     for passes in runs.values():
         by_speed = sorted(passes, key=lambda r: r["tokens_per_s"])
@@ -181,7 +226,7 @@ def bench_mode(mode: str, questions: list[str], args) -> list[dict]:
 
 def table(rows: list[dict]) -> str:
     head = (f"{'mode':<10}{'clients':>8}{'req':>6}{'tok/s':>9}{'(range)':>14}{'req/s':>8}{'x1':>7}{'p50 ms':>9}"
-            f"{'p95 ms':>9}{'batch':>7}  identical")
+            f"{'p95 ms':>9}{'batch':>7}{'cli cpu':>9}{'srv cpu':>9}  identical")
     lines = [head]
     for r in rows:
         batch = f"{r['mean_batch']:.1f}" if r["mean_batch"] else "-"
@@ -191,7 +236,7 @@ def table(rows: list[dict]) -> str:
         lines.append(f"{r['mode']:<10}{r['clients']:>8}{r['requests']:>6}{r['tokens_per_s']:>9.1f}"
                      f"{f'({low:.0f}-{high:.0f})':>14}{r['requests_per_s']:>8.1f}{speedup:>7}"
                      f"{r['p50_s'] * 1e3:>9.1f}{r['p95_s'] * 1e3:>9.1f}"
-                     f"{batch:>7}  {same}")
+                     f"{batch:>7}{r['client_cpu_ms']:>9.1f}{r['server_cpu_ms']:>9.1f}  {same}")
     return "\n".join(lines)
 
 
@@ -209,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="the server's torch CPU threads (OMP_NUM_THREADS)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds one request may take")
     p.add_argument("--rounds", type=int, default=3, help="passes per client count (the median is shown)")
+    p.add_argument("--client", choices=("http", "openai"), default="http",
+                   help="http: http.client (light); openai: the official openai package (default: http)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     args = p.parse_args(argv)
     if not 1 <= args.requests <= MAX_REQUESTS:
@@ -226,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.requests} greedy chat requests per pass, {args.rounds} rounds (median shown), "
               f"max_tokens {args.max_tokens}, max batch "
               f"{args.max_batch_size}, batch wait {args.batch_wait_ms:g} ms, {args.threads} torch thread(s), "
-              f"device {args.device}; offloaded = cache_ratio {CACHE_RATIO}")
+              f"device {args.device}, {args.client} client; offloaded = cache_ratio {CACHE_RATIO}; cli/srv cpu: CPU ms "
+              "per request of the clients' process and the server's")
         print(table(rows))
     ok = all(r["identical"] is not False for r in rows)
     if not ok:

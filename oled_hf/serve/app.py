@@ -30,13 +30,16 @@ from typing import Any
 
 import torch
 from fastapi import FastAPI, Request
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .engine import Engine, GenerationRequest, QueueFull
 from .guard import Guard, Limits, allowed_hosts_problem, api_key_problem, host_policy
 from .metrics import content_type, offload_figures
-from .protocol import APIError, GenerationOptions, clip, parse_chat, parse_completion, parse_json, resolve_max_tokens
+from .protocol import APIError, GenerationOptions, clip, parse_json, resolve_max_tokens
+from .schema import ChatCompletionBody, CompletionBody, openapi_body, parse_chat, parse_completion, schema_components
 
 logger = logging.getLogger(__name__)
 
@@ -109,10 +112,26 @@ def create_app(engine: Engine, served_model_name: str, api_key: str | None = Non
         text = engine.metrics.render(engine.queue_depth, engine.running, offload_figures(engine.model))
         return Response(text, media_type=content_type())
 
+    def openapi_document() -> dict[str, Any]:
+        """FastAPI's document plus the request models' nested schemas (the routes parse their own bodies)."""
+        if app.openapi_schema is None:
+            document = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            document.setdefault("components", {}).setdefault("schemas", {}).update(schema_components())
+            app.openapi_schema = document
+        return app.openapi_schema
+
+    app.openapi = openapi_document
+
     @app.get("/openapi.json", include_in_schema=False)
     async def openapi(request: Request):
         authorize(request)  # the schema tells a scanner what to call: behind the key like the API
         return JSONResponse(app.openapi())
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs(request: Request):
+        """FastAPI's Swagger UI over /openapi.json (behind the key like it; its script comes from a CDN)."""
+        authorize(request)
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{app.title}: {served_model_name}")
 
     @app.get("/v1/models")
     async def list_models(request: Request):
@@ -125,7 +144,7 @@ def create_app(engine: Engine, served_model_name: str, api_key: str | None = Non
         check_model(name)
         return model_card()
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=openapi_body(ChatCompletionBody))
     async def chat_completions(request: Request):
         authorize(request)
         req = parse_chat(parse_json(await request.body()))
@@ -138,7 +157,7 @@ def create_app(engine: Engine, served_model_name: str, api_key: str | None = Non
         refuse_mask(input_ids, "messages")
         return await _generate(request, req, input_ids, "messages", chat=True)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=openapi_body(CompletionBody))
     async def completions(request: Request):
         authorize(request)
         req = parse_completion(parse_json(await request.body()))
@@ -339,6 +358,16 @@ class _Shape:
 
 
 def _sse_line(payload: dict | str) -> str:
+    """One server-sent event: ``data: <json>`` and a blank line (what OpenAI sends, ``[DONE]`` last).
+
+    Hand-written because the framing is this one line: no ``event``, ``id`` or ``retry`` fields, and
+    ``json.dumps`` never emits a newline, so no payload needs splitting over several ``data:`` lines.
+    ``sse-starlette`` (3.5, the maintained helper) was weighed and left out: it would add a
+    dependency, 15-second ping comments, and at import it replaces uvicorn's process-wide
+    ``Server.handle_exit`` to learn of shutdowns, while this server stops its engine on uvicorn's own
+    lifespan; disconnects are already noticed by Starlette's ``StreamingResponse`` (which
+    :class:`_JobStream` extends to cancel the job however the stream ends).
+    """
     data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
     return f"data: {data}\n\n"
 

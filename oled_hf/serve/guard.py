@@ -14,17 +14,17 @@ Where uvicorn has the limit, uvicorn applies it (:meth:`Limits.uvicorn_options`)
 What uvicorn (0.54) cannot do stays here, each for a stated reason:
 
 * :class:`Guard` is pure ASGI middleware (it never buffers a response, so SSE still streams). It
-  first refuses requests a web page could make behind the user's back: a ``Host`` header that is
-  not a name the server answers to (421; see :class:`HostPolicy`) and a POST body that is not
+  first refuses requests a web page could make behind the user's back: a ``Host`` header that is not
+  a name the server answers to (421; see :class:`HostPolicy`) and a POST body that is not
   ``application/json`` (415: a browser sends ``text/plain``, form or multipart bodies cross-origin
-  without a CORS preflight, and this server answers no preflight); uvicorn checks neither (Starlette's
-  ``TrustedHostMiddleware`` answers 400 with a text body, without the loopback/bound-address rules
-  below or an OpenAI error object). Then it reads a POST body itself, counting bytes: uvicorn has
-  no body-size limit and no body-read timeout, so an announced ``Content-Length`` over the limit
-  is answered 413 before a byte is read, a chunked body is cut off at the limit, and a body that
-  trickles in slower than ``read_timeout`` is answered 408. It turns any exception that escapes
-  the app into an OpenAI-style 500 without closing the connection, counts requests for
-  ``/metrics``, and marks generation requests as arriving (the engine may wait for them to join a batch).
+  without a CORS preflight, and this server answers no preflight); uvicorn checks neither (what
+  Starlette's ``TrustedHostMiddleware`` lacks: :class:`HostPolicy`). Then it reads a POST body
+  itself, counting bytes: uvicorn has no body-size limit and no body-read timeout, so an announced
+  ``Content-Length`` over the limit is answered 413 before a byte is read, a chunked body is cut off
+  at the limit, and a body that trickles in slower than ``read_timeout`` is answered 408. It turns
+  any exception that escapes the app into an OpenAI-style 500 without closing the connection, counts
+  requests for ``/metrics``, and marks generation requests as arriving (the engine may wait for them
+  to join a batch).
 * :func:`guarded_protocol` closes connections that open and never finish a request's headers:
   uvicorn arms its keep-alive timer only *after* a response (``on_response_complete``), so a
   connection that sends nothing, or headers one byte at a time, would stay open for ever. At the
@@ -175,6 +175,13 @@ class HostPolicy:
     address the server is bound to (any IP address when bound to all interfaces: an IP literal
     cannot be rebound), and what ``--allowed-hosts`` adds. A request without ``Host`` (HTTP/1.0)
     passes: no browser sends one.
+
+    Why not Starlette's ``TrustedHostMiddleware`` (1.10): it matches a list of exact names and
+    ``*.domain`` suffixes (it parses ports and bracketed IPv6 well), but cannot say "every loopback
+    address" (all of 127.0.0.0/8 and ::1) or "any IP literal" (a server bound to 0.0.0.0), does not
+    drop a trailing dot (``localhost.``), refuses a request without ``Host``, and answers 400 with a
+    plain-text body (or a ``www.`` redirect) instead of 421 with an OpenAI error object naming the
+    name and ``--allowed-hosts``. Its rules would be a subset of these, so this class stays whole.
     """
 
     bound: str = "127.0.0.1"

@@ -1,20 +1,15 @@
-"""OpenAI request bodies -> validated, typed requests; every rejection is an :class:`APIError`.
+"""OpenAI's error body, the request body's decoding, the validated requests, and the token budget.
 
-Validation is by hand rather than through pydantic models so that each message names the field
-(``param``) the way OpenAI's own errors do, and so that wrong types (``"max_tokens": "5"``,
-``true`` for an integer) are refused instead of coerced. Fields the server cannot honour in a way
-that changes the answer (``n > 1``, several prompts, ``logprobs``, tools, ``tool_choice:
-"required"``, ``function_call``, ``response_format`` other than text, a non-zero ``logit_bias``)
-are refused, naming the field; their neutral values (``"none"``/``"auto"``, ``{"type": "text"}``,
-``{}``) are accepted. ``presence_penalty`` and ``frequency_penalty`` (OpenAI's range, -2 to 2) are
-applied (``serve/penalties.py``). Harmless unknown fields (``user``, ``metadata``...) are ignored,
-as most OpenAI-compatible servers do.
+Every rejection is an :class:`APIError` (OpenAI's ``{"error": {message, type, param, code}}``).
+:func:`parse_json` decodes a body; the fields are checked by the pydantic models of
+:mod:`.schema` into :class:`ChatRequest` / :class:`CompletionRequest` (what the engine takes);
+:func:`resolve_max_tokens` fits the completion to the context. ``presence_penalty`` and
+``frequency_penalty`` (OpenAI's range, -2 to 2) are applied by ``serve/penalties.py``.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,194 +149,6 @@ def _encodable(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _opt_int(body: dict, name: str, low: int, high: int | None = None) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if not _is_int(value):
-        raise bad(f"'{name}' must be an integer, got {json.dumps(value)}", param=name, code="invalid_type")
-    if value < low or (high is not None and value > high):
-        upper = f" and at most {high}" if high is not None else ""
-        raise bad(f"'{name}' must be at least {low}{upper}, got {value}", param=name, code="invalid_value")
-    return value
-
-
-def _opt_number(body: dict, name: str, low: float, high: float, low_open: bool = False) -> float | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if not _is_number(value):
-        raise bad(f"'{name}' must be a number, got {json.dumps(value)}", param=name, code="invalid_type")
-    if value > high or value < low or (low_open and value == low):
-        interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
-        raise bad(f"'{name}' must be in {interval}, got {value}", param=name, code="invalid_value")
-    return float(value)
-
-
-def _opt_bool(body: dict, name: str) -> bool:
-    value = body.get(name)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise bad(f"'{name}' must be true or false, got {json.dumps(value)}", param=name, code="invalid_type")
-    return value
-
-
-def _stop(body: dict) -> list[str]:
-    value = body.get("stop")
-    if value is None:
-        return []
-    items = [value] if isinstance(value, str) else value
-    if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
-        raise bad("'stop' must be a string or a list of strings", param="stop", code="invalid_type")
-    if len(items) > MAX_STOP_SEQUENCES:
-        raise bad(f"'stop' takes at most {MAX_STOP_SEQUENCES} sequences, got {len(items)}", param="stop",
-                  code="invalid_value")
-    return [s for s in items if s]
-
-
-def _refuse_unsupported(body: dict) -> None:
-    n = body.get("n")
-    if n is not None and (not _is_int(n) or n != 1):
-        raise bad(f"'n' must be 1: this server returns one choice per request (got {json.dumps(n)})", param="n",
-                  code="unsupported_value")
-    best_of = body.get("best_of")
-    if best_of is not None and best_of != 1:
-        raise bad("'best_of' must be 1: this server returns one choice per request", param="best_of",
-                  code="unsupported_value")
-    for name in ("logprobs", "top_logprobs", "echo", "suffix"):
-        if body.get(name) not in (None, False, 0, ""):
-            raise bad(f"'{name}' is not supported by this server", param=name, code="unsupported_parameter")
-    for name in ("tools", "functions"):
-        if body.get(name):
-            raise bad(f"'{name}' is not supported by this server (no tool calling)", param=name,
-                      code="unsupported_parameter")
-    for name in ("tool_choice", "function_call"):  # without tools, "none" and "auto" both mean: answer in text
-        value = body.get(name)
-        if value is not None and value not in ("none", "auto"):
-            raise bad(f"'{name}' {_shown(value)} is not supported by this server (no tool calling): only \"none\" or "
-                      "\"auto\" are accepted", param=name, code="unsupported_value")
-    fmt = body.get("response_format")
-    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        raise bad(f"'response_format' {_shown(fmt)} is not supported by this server (no JSON mode or schemas): only "
-                  "{\"type\": \"text\"} is accepted", param="response_format", code="unsupported_value")
-    bias = body.get("logit_bias")
-    if bias is not None and not (isinstance(bias, dict) and all(_is_number(v) and v == 0 for v in bias.values())):
-        raise bad("'logit_bias' is not supported by this server: only an empty map (or all-zero biases) is accepted",
-                  param="logit_bias", code="unsupported_parameter")
-
-
-def _shown(value: Any) -> str:
-    """A client's value as JSON, clipped, for an error message."""
-    return clip(json.dumps(value, ensure_ascii=False))
-
-
-def _options(body: dict, out: GenerationOptions) -> None:
-    _refuse_unsupported(body)
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise bad("'model' must be a string", param="model", code="invalid_type")
-    out.model = model
-    out.stream = _opt_bool(body, "stream")
-    options = body.get("stream_options")
-    if options is not None:
-        if not isinstance(options, dict):
-            raise bad("'stream_options' must be an object", param="stream_options", code="invalid_type")
-        out.include_usage = _opt_bool(options, "include_usage")
-    limit = _opt_int(body, "max_completion_tokens", 1)
-    out.max_tokens = _opt_int(body, "max_tokens", 1) if limit is None else limit
-    out.stop = _stop(body)
-    out.temperature = _temperature(body)
-    out.top_p = _opt_number(body, "top_p", 0.0, 1.0, low_open=True)
-    out.seed = _opt_int(body, "seed", *SEED_RANGE)
-    out.block_length = _opt_int(body, "block_length", 1)
-    out.threshold = _opt_number(body, "threshold", 0.0, 1.0)
-    for name in ("presence_penalty", "frequency_penalty"):  # OpenAI's range; 0 or absent: none
-        setattr(out, name, _opt_number(body, name, *PENALTY_RANGE) or 0.0)
-
-
-def _temperature(body: dict) -> float | None:
-    """0 (greedy) or [MIN_TEMPERATURE, MAX_TEMPERATURE]; tinier values would overflow the sampler."""
-    value = _opt_number(body, "temperature", 0.0, MAX_TEMPERATURE)
-    if value is not None and 0.0 < value < MIN_TEMPERATURE:
-        raise bad(f"'temperature' must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}], got {value:g}: "
-                  "smaller values overflow the sampler", param="temperature", code="invalid_value")
-    return value
-
-
-def _content(message: dict, i: int) -> str:
-    content = message.get("content")
-    if isinstance(content, str):
-        return content
-    if content is None and message.get("role") == "assistant":
-        return ""
-    if isinstance(content, list):  # content parts: only text can be fed to a text model
-        texts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise bad(f"messages[{i}].content: only text parts are supported", param=f"messages[{i}].content",
-                          code="invalid_value")
-            texts.append(part["text"])
-        return "".join(texts)
-    raise bad(f"messages[{i}].content must be a string or a list of text parts", param=f"messages[{i}].content",
-              code="invalid_type")
-
-
-def parse_chat(body: dict[str, Any]) -> ChatRequest:
-    out = ChatRequest()
-    messages = body.get("messages")
-    if messages is None:
-        raise bad("'messages' is required", param="messages", code="missing_required_parameter")
-    if not isinstance(messages, list) or not messages:
-        raise bad("'messages' must be a non-empty list of {role, content} objects", param="messages",
-                  code="invalid_type")
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise bad(f"messages[{i}] must be an object", param=f"messages[{i}]", code="invalid_type")
-        role = message.get("role")
-        if role not in ROLES:
-            raise bad(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {json.dumps(role)}",
-                      param=f"messages[{i}].role", code="invalid_value")
-        role = "system" if role == "developer" else role
-        if role == "system" and i > 0:
-            raise bad(f"messages[{i}]: a system message is only allowed first", param=f"messages[{i}].role",
-                      code="invalid_value")
-        out.messages.append({"role": role, "content": _content(message, i)})
-    _options(body, out)
-    return out
-
-
-def parse_completion(body: dict[str, Any]) -> CompletionRequest:
-    out = CompletionRequest()
-    prompt = body.get("prompt")
-    if prompt is None:
-        raise bad("'prompt' is required", param="prompt", code="missing_required_parameter")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one
-    if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
-        out.prompt = list(prompt)
-    elif isinstance(prompt, str):
-        out.prompt = prompt
-    elif isinstance(prompt, list) and len(prompt) > 1:
-        raise bad("'prompt' must be a single prompt: batches of prompts are not supported", param="prompt",
-                  code="unsupported_value")
-    else:
-        raise bad("'prompt' must be a string or a list of token ids", param="prompt", code="invalid_type")
-    if not out.prompt:
-        raise bad("'prompt' must not be empty: diffusion decoding needs a prompt", param="prompt",
-                  code="invalid_value")
-    _options(body, out)
-    return out
 
 
 def resolve_max_tokens(prompt_tokens: int, requested: int | None, default: int, block_length: int, context: int,

@@ -52,8 +52,10 @@ def test_limit_flags_are_checked():
 def test_openapi_schema_is_behind_the_key(auth_server, server):
     with httpx.Client(base_url=auth_server.url, timeout=30, trust_env=False) as c:
         _error(c.get("/openapi.json"), 401, None, "invalid_api_key")
-        _error(c.get("/docs"), 404, None, "not_found")
-        ok = c.get("/openapi.json", headers={"Authorization": f"Bearer {auth_server.api_key}"})
+        _error(c.get("/docs"), 401, None, "invalid_api_key")
+        key = {"Authorization": f"Bearer {auth_server.api_key}"}
+        ok = c.get("/openapi.json", headers=key)
         assert ok.status_code == 200 and "/v1/chat/completions" in ok.json()["paths"]
+        assert c.get("/docs", headers=key).status_code == 200 and "/openapi.json" in c.get("/docs", headers=key).text
         _error(c.get("/v1/models", headers={"Authorization": "Bearer"}), 401, None, "invalid_api_key")
     assert httpx.get(f"{server.url}/openapi.json", trust_env=False).status_code == 200  # no key: open
