@@ -7,14 +7,19 @@ need the model's shape (``cache_size`` against the number of experts) live in :m
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import warnings
 from dataclasses import asdict, dataclass, fields
 from numbers import Integral, Real
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .budget import DEFAULT_GPU_MEMORY_UTILIZATION, parse_memory, slots_for_bytes
 from .dispatch import CPU_COMPUTE_MODES
+
+if TYPE_CHECKING:
+    from .system import System
 
 # legacy ``policy`` names; every retention rule, "score" (HybriMoE's) included, is named by ``system``
 KNOWN_POLICIES = ("lfu", "lru", "moe-infinity", "oled", "prefetch", "static", "tide")
@@ -49,14 +54,15 @@ class OffloadConfig:
     is refused at load (:meth:`resolve_slots`), as is a pool larger than the device's free memory.
     Cost-model overrides replace the values measured at load (``calibrate``) or the preset.
 
-    ``system``: the composed system to run (``oled_hf/offload/system.py``), a string of parts
-    ``RETENTION[+DISPATCH][+ALLOCATION]`` (``"lru+cpu+reuse+adaptive"``) or a preset name
-    (``"lru-full"``, ``"mixtral-offloading"``, ...). It replaces the legacy ``policy`` (which must then
-    be left at its default) and decides dispatch and allocation: ``layer_adaptive=False`` with an
-    ``adaptive`` system is refused; ``cpu_compute="off"`` (or ``"auto"`` on a CPU-only device) still
+    ``system``: the system to run (``oled_hf/offload/system.py``), the one way to name it: a preset
+    (``"oled"``, the default when None; ``"lru-full"``, ``"mixtral-offloading"``, ...) or parts
+    ``RETENTION[+DISPATCH][+ALLOCATION]`` (``"lru+cpu+reuse+adaptive"``). A prefetch part or an
+    oracle retention is refused: they run in replay only (``oled-moe trace replay --system``).
+    ``policy`` and ``layer_adaptive`` are deprecated aliases of the retention and the allocation
+    (a FutureWarning names the ``system=`` spelling; both resolved by ``system.resolve_system``).
+    Beside the name, whatever names it: ``cpu_compute="off"`` (or ``"auto"`` on a CPU-only device)
     turns every miss into a copy; ``oled_background_copies``/``oled_background_min_reuse`` are the
-    knobs of a ``cpu+reuse`` dispatch. A prefetch part is refused: prefetchers run in replay only
-    (``oled-moe trace replay --system``). None: the legacy fields name the system.
+    knobs of a ``cpu+reuse`` dispatch (0 copies: ``cpu``). :meth:`resolved_system` gives the result.
 
     ``record_trace``: a file the routing trace of the loaded model is written to; one trace per
     load, holding every ``generate`` of that model in order (a sequence each), rewritten whole
@@ -76,9 +82,9 @@ class OffloadConfig:
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     auto_batch_size: int = 1
     auto_context_length: int | None = None  # None: the model's max_position_embeddings
-    policy: str = DEFAULT_POLICY
-    system: str | None = None  # "lru+cpu+reuse+adaptive" or a preset; replaces policy (see the docstring)
-    layer_adaptive: bool = True
+    policy: str = DEFAULT_POLICY  # deprecated alias of system= (the retention part)
+    system: str | None = None  # "lru+cpu+reuse+adaptive" or a preset; None: "oled" (see the docstring)
+    layer_adaptive: bool = True  # deprecated alias of system=...+uniform (the allocation part)
     cpu_compute: str = "auto"
     store: str = "auto"
     calibrate: bool = True
@@ -146,6 +152,42 @@ class OffloadConfig:
         if self.record_trace is not None and (not isinstance(self.record_trace, str) or not self.record_trace):
             raise ValueError(f"record_trace={self.record_trace!r} is invalid: must be a file path or None")
         self._check_system()
+        self._warn_aliases()
+
+    def resolved_system(self, cpu_compute: str | None = None) -> System:
+        """The :class:`~oled_hf.offload.system.System` this config runs (``system.resolve_system``).
+
+        ``cpu_compute``: the mode the run resolved for its device (the runtime passes ``"off"`` where
+        the device is the CPU); None: this config's ``cpu_compute``.
+        """
+        from .system import resolve_system
+
+        return resolve_system(self.system, policy=self.policy, layer_adaptive=self.layer_adaptive,
+                              cpu_compute=self.cpu_compute if cpu_compute is None else cpu_compute,
+                              reuse_copies=int(self.oled_background_copies),
+                              reuse_min=float(self.oled_background_min_reuse))
+
+    def _warn_aliases(self) -> None:
+        """A FutureWarning naming the ``system=`` spelling of the deprecated aliases given."""
+        given = [f"{name}={getattr(self, name)!r}" for name, default in (("policy", DEFAULT_POLICY),
+                                                                          ("layer_adaptive", True))
+                 if getattr(self, name) != default]
+        if not given:
+            return
+        from .system import resolve_system, spelling
+
+        if self.system is not None:  # policy is refused beside a system: only a redundant '+uniform' remains
+            advice = f"the system {self.system!r} names the allocation; drop layer_adaptive"
+        else:
+            named = resolve_system(None, policy=self.policy, layer_adaptive=self.layer_adaptive)
+            advice = f"use system={spelling(named)!r}"
+            if named.prefetch != "none":
+                live = spelling(dataclasses.replace(named, prefetch="none"))
+                advice += (f" in replay (oled-moe trace replay --system; its prefetch part {named.prefetch!r} runs "
+                           f"in replay only), system={live!r} for a live run (which runs no prefetcher)")
+        warnings.warn(f"OffloadConfig({', '.join(given)}) is deprecated and will be removed: {advice} "
+                      "(policy and layer_adaptive are aliases of the system's retention and allocation)",
+                      FutureWarning, stacklevel=4)
 
     def _check_system(self) -> None:
         """A ``system`` the live runtime can run, not contradicted by the legacy fields it replaces."""
@@ -340,7 +382,12 @@ class OffloadConfig:
 
     # ------------------------------------------------------------------ serialisation
     def attach(self, model: Any, checkpoint_files: list[str], dtype: Any = None) -> Any:
-        """Install the offload runtime on a model loaded without routed experts (from_pretrained calls this)."""
+        """Install the offload runtime on a model loaded without routed experts (from_pretrained calls this).
+
+        The one place the config is resolved: ``runtime.attach_offload`` turns it into the slot budget
+        (against the device), the :class:`System` (:meth:`resolved_system`) and the cost model, and
+        hands those down; the runtime imports no config (the import runs this way only).
+        """
         from .runtime import attach_offload
 
         self.check_record_trace()  # before the store reads any expert

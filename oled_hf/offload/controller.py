@@ -24,12 +24,11 @@ residency (all hits), so decisions, counters and traces are those of planning ea
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -41,10 +40,7 @@ from .layer_plan import LayerPlan
 from .planner import CacheState, SlotMove
 from .policies.base import as_numpy
 from .stats import CacheStats
-from .system import System, build_dispatcher, build_policy, legacy_config_fields, system_of_config
-
-if TYPE_CHECKING:  # the config builds the runtime (OffloadConfig.attach): no import back
-    from .config import OffloadConfig
+from .system import System, build_dispatcher, build_policy
 
 
 @dataclass
@@ -59,8 +55,11 @@ class DeferredAccess:
 class CacheController(IterationObserver):
     """Planner + policy + dispatcher + allocator for one model instance, built from one system.
 
-    ``system`` (default: the config's, :func:`~oled_hf.offload.system.system_of_config`) gives the
-    retention policy, the dispatch and the allocation; the config gives the budget and the knobs.
+    ``system`` gives the retention policy, the dispatch and the allocation: the runtime hands it the
+    one ``attach`` resolved (as it hands ``total_slots``); without one, the config's
+    (``config.resolved_system()``, for replay and tests). ``config`` is an ``OffloadConfig``, read for
+    the budget (only without ``total_slots``/``capacities``) and the knobs; it is not imported here
+    (the config imports the runtime, which imports this module).
     Its prefetch part is not run here (replay runs it beside the controller; the live runtime
     refuses a config naming one). ``believed``: the cost model the dispatcher decides with
     (default ``cost_model``, which is also what the slots are sized with).
@@ -68,7 +67,7 @@ class CacheController(IterationObserver):
 
     def __init__(
         self,
-        config: OffloadConfig,
+        config: Any,
         num_layers: int,
         num_experts: int,
         cost_model: CostModel,
@@ -88,7 +87,7 @@ class CacheController(IterationObserver):
         caps = capacities if capacities is not None else uniform_capacities(self.total_slots, num_layers, num_experts)
         self.state = CacheState(num_layers, num_experts, caps, expert_bytes=cost_model.expert_bytes)
         self.total_slots = self.state.total_slots
-        self.system = system if system is not None else system_of_config(config)
+        self.system = system if system is not None else config.resolved_system()
         self.policy = build_policy(self.system, num_layers, num_experts, config)
         self.policy.set_capacities(self.state.capacities)
         self.dispatcher = build_dispatcher(self.system, believed if believed is not None else cost_model)
@@ -193,11 +192,12 @@ class CacheController(IterationObserver):
         return self.state.set_capacities(proposal, self.policy)
 
 
-def build_controller(config: OffloadConfig, system: System, num_layers: int, num_experts: int,
+def build_controller(config: Any, system: System, num_layers: int, num_experts: int,
                      cost_model: CostModel, believed: CostModel | None = None) -> CacheController:
     """A controller for ``config``'s budget running ``system`` (its knobs included) instead of the config's.
 
-    ``believed``: the cost model the dispatcher decides with (default ``cost_model``).
+    Whatever the config names (its ``system`` or the deprecated aliases) is ignored: the system's
+    retention knobs win over the config's (``system.build_policy``). ``believed``: the cost model the
+    dispatcher decides with (default ``cost_model``).
     """
-    config = dataclasses.replace(config, **legacy_config_fields(system))
     return CacheController(config, num_layers, num_experts, cost_model, system=system, believed=believed)

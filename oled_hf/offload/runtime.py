@@ -30,12 +30,11 @@ would change them raises, naming how to load the model instead; one that changes
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,9 +47,6 @@ from .costmodel import CostModel
 from .dispatch import resolve_cpu_compute
 from .executor import OffloadedExpertsExecutor, make_cpu_pool
 from .store import ExpertStore
-
-if TYPE_CHECKING:  # the config builds the runtime (OffloadConfig.attach): no import back
-    from .config import OffloadConfig
 
 TIMERS = ("policy", "copy", "gpu", "cpu", "cpu_wait")
 
@@ -120,8 +116,10 @@ class _FixedPlacement:
 class OffloadRuntime(IterationObserver):
     """The offload machinery of one loaded model; one call at a time (``lock``, see the module doc)."""
 
-    def __init__(self, model, config: OffloadConfig, store: ExpertStore, device: torch.device,
+    def __init__(self, model, config: Any, store: ExpertStore, device: torch.device,
                  total_slots: int | None = None):
+        """``config``: the model's ``OffloadConfig`` (not imported: it imports this module in ``attach``),
+        resolved here once into the slots, the cost model and the system the controller is handed."""
         cfg = model.config
         self.config = config
         # Held for a whole generate and for each direct forward: re-entrant, since generate's
@@ -136,9 +134,9 @@ class OffloadRuntime(IterationObserver):
         self.cost_model = self._cost_model(cfg)
         # "auto" decided by the device: off where the experts' device is the CPU (resolve_cpu_compute)
         self.cpu_compute = resolve_cpu_compute(config.cpu_compute, accelerator=self.cache.cuda)
-        plan_config = config if self.cpu_compute != "off" else dataclasses.replace(config, cpu_compute="off")
-        self.controller = CacheController(plan_config, self.num_layers, self.num_experts, self.cost_model,
-                                          total_slots=self.total_slots)
+        self.controller = CacheController(config, self.num_layers, self.num_experts, self.cost_model,
+                                          total_slots=self.total_slots,
+                                          system=config.resolved_system(cpu_compute=self.cpu_compute))
         # CPU misses run in a worker thread beside the device work; on a CPU-only machine inline
         # (the "device" is the same cores), unless a test turns the overlap path on.
         self.overlap_cpu = self.cache.cuda
@@ -277,7 +275,7 @@ class OffloadRuntime(IterationObserver):
             self._take_snapshot()
 
 
-def attach_offload(model, config: OffloadConfig, checkpoint_files: list[str], dtype: torch.dtype | None):
+def attach_offload(model, config: Any, checkpoint_files: list[str], dtype: torch.dtype | None):
     """Build the store from the checkpoint shards and install the runtime on ``model``."""
     cfg = model.config
     layer_ids = [block.layer_idx for block in model.moe_blocks()]

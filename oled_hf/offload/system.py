@@ -24,36 +24,39 @@ compares (``mixtral-offloading``, ``hybrimoe``, ...). Knobs (a tuned TIDE interv
 reuse copies) are not part of the name: they travel beside it in :class:`System.knobs` as
 ``part.knob`` keys.
 
-The controller the live runtime and replay share builds its parts from a system: the config's
-(:func:`system_of_config`: ``OffloadConfig.system``, else the legacy ``policy``/``cpu_compute``/
-``layer_adaptive`` fields) or one handed to it (:func:`controller.build_controller`, replay's ``--system``,
-whose knobs a config string cannot carry). A legacy config and the system of its parts
-(``system_of_legacy``) therefore plan identically (tested, and by the plan checksums).
-``OffloadConfig`` validates its ``system`` with :func:`parse_system` and refuses a prefetch part:
-prefetchers run in replay only (the live executor issues no copies ahead of the plan).
+One path names a system: ``OffloadConfig(system=...)`` (a preset or parts), replay's ``--system``,
+or a :class:`System` handed to :func:`controller.build_controller`. :func:`resolve_system` is the one
+function that turns what a config says into a :class:`System`: the ``system`` string, else the
+deprecated aliases ``policy``/``layer_adaptive`` (``OffloadConfig`` warns and names the
+replacement, :func:`spelling`), with the run-time ``cpu_compute`` and the ``cpu+reuse`` knobs
+(``oled_background_copies``/``_min_reuse``) applied to either. An alias and the system it names
+therefore plan identically (tested, and by the plan checksums).
+
+This module is naming (grammar, presets, resolution) plus the builders of the parts from a
+:class:`System`; it imports no config (``OffloadConfig`` imports it), so the offload modules import
+each other in one direction: system <- config -> runtime -> controller / executor.
+``OffloadConfig`` refuses a prefetch part or an oracle retention: they run in replay only (the live
+executor issues no copies ahead of the plan).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .costmodel import CostModel
 from .dispatch import DISPATCH_MODES, Dispatcher
 from .policies import make_policy, make_prefetcher
 from .policies.prefetch import PREFETCHERS, Prefetcher
 
-if TYPE_CHECKING:
-    from .config import OffloadConfig
-
 RETENTIONS = ("oled", "lru", "lfu", "static", "tide", "moe-infinity", "score", "phase", "previous-set",
               "value", "mix", "next-oracle", "belady")
 REPLAY_ONLY_RETENTIONS = ("next-oracle", "belady")  # oracles of the report's ladder: they read the trace's future
 ALLOCATIONS = ("uniform", "adaptive")
 KNOB_PARTS = ("retention", "prefetch", "dispatch")
-# retention parts an OffloadConfig's ``policy`` can name (config.KNOWN_POLICIES less the legacy "prefetch");
-# others ("score") are built from the registry with their system knobs
+# retention parts whose knobs an OffloadConfig carries (``make_policy(name, ..., config)``); others
+# ("score") are built from the registry with their system knobs
 _CONFIG_POLICIES = ("lfu", "lru", "moe-infinity", "oled", "static", "tide")
 
 SYSTEM_PRESETS: dict[str, str] = {
@@ -63,6 +66,7 @@ SYSTEM_PRESETS: dict[str, str] = {
     "lfu": "lfu+copy+uniform",
     "static": "static+cpu+uniform",
     "tide": "tide+cpu+uniform",
+    "oled-uniform": "oled+cpu+reuse+uniform",  # what the old layer_adaptive=False ran
     "prefetch": "lru+gate+copy+uniform",
     "moe-infinity": "moe-infinity+matrix+copy+uniform",
     # published systems, as their papers build them
@@ -79,7 +83,8 @@ SYSTEM_PRESETS: dict[str, str] = {
 # dispatcher charges CPU experts at the host-DRAM rate the copy engine leaves them (issue 36: 5-8 %
 # lower TPOT at 25-40 % with DRAM at 100 GB/s on the mini-like workload; at the H200 preset's 200 GB/s
 # the rate is exactly the unshared one, so its plans, and their checksums, do not change)
-PRESET_KNOBS: dict[str, dict[str, Any]] = {"oled": {"dispatch.shared_dram": True}}
+PRESET_KNOBS: dict[str, dict[str, Any]] = {"oled": {"dispatch.shared_dram": True},
+                                           "oled-uniform": {"dispatch.shared_dram": True}}
 
 
 @dataclass
@@ -179,68 +184,75 @@ def parse_system(text: str) -> System:
     return System(**parts, knobs=dict(preset_knobs))
 
 
+def resolve_system(system: str | System | None = None, *, policy: str = "oled", cpu_compute: str = "auto",
+                   layer_adaptive: bool = True, reuse_copies: int = 2, reuse_min: float = 1.0) -> System:
+    """The one place a system is resolved from what names it: ``system``, else the legacy aliases.
+
+    ``system``: a name (a preset or parts, :func:`parse_system`) or a :class:`System`; it is the
+    source of truth. None: the deprecated aliases name it, as the old ``OffloadConfig`` fields did:
+    ``policy`` the retention (``prefetch`` is lru with the gate prefetcher, ``moe-infinity`` has the
+    activation-matrix prefetcher), a CPU dispatch unless ``cpu_compute="off"`` (``oled``'s with reuse
+    copies and the oled preset's knobs), and ``layer_adaptive`` the allocation.
+
+    Whatever named it: ``cpu_compute="off"`` (what the live runtime passes where the device is the
+    CPU, where CPU compute saves nothing) makes the dispatch ``copy`` (which has no knobs); ``reuse_copies`` and
+    ``reuse_min`` (``OffloadConfig.oled_background_copies``/``_min_reuse``) are the knobs of a
+    ``cpu+reuse`` dispatch, recorded where not at their defaults; 0 copies is the dispatch ``cpu``.
+    """
+    if system is None:
+        prefetch = {"prefetch": "gate", "moe-infinity": "matrix"}.get(policy, "none")
+        retention = "lru" if policy == "prefetch" else policy
+        if cpu_compute == "off":
+            dispatch = "copy"
+        elif policy == "oled" and reuse_copies > 0:
+            dispatch = "cpu+reuse"
+        else:
+            dispatch = "cpu"
+        knobs = PRESET_KNOBS["oled"] if policy == "oled" and dispatch != "copy" else {}
+        resolved = System(retention, prefetch, dispatch, "adaptive" if layer_adaptive else "uniform", dict(knobs))
+    else:
+        resolved = parse_system(system) if isinstance(system, str) else system
+        if cpu_compute == "off" and resolved.dispatch != "copy":  # a copy dispatch has no knobs
+            resolved = dataclasses.replace(resolved, dispatch="copy", knobs={
+                k: v for k, v in resolved.knobs.items() if not k.startswith("dispatch.")})
+        if resolved.dispatch == "cpu+reuse" and reuse_copies == 0:
+            resolved = dataclasses.replace(resolved, dispatch="cpu")
+    if resolved.dispatch == "cpu+reuse" and int(reuse_copies) != 2:
+        resolved = resolved.with_knobs(dispatch__reuse_copies=int(reuse_copies))
+    if resolved.dispatch == "cpu+reuse" and float(reuse_min) != 1.0:
+        resolved = resolved.with_knobs(dispatch__reuse_min=float(reuse_min))
+    return resolved
+
+
 def system_of_legacy(policy: str, cpu_compute: str = "auto", layer_adaptive: bool = True,
                      reuse_copies: int = 2) -> System:
-    """The parts a legacy ``(policy, cpu_compute, layer_adaptive)`` config runs (old ``--policy`` flags).
+    """The system an old ``--policy`` name runs (:func:`resolve_system` of the aliases alone).
 
-    ``reuse_copies``: ``OffloadConfig.oled_background_copies`` (only ``oled`` took it).
+    Kept as a name for the callers that label replays by the old policy names (``sim.replay.compare``).
     """
-    prefetch = {"prefetch": "gate", "moe-infinity": "matrix"}.get(policy, "none")
-    retention = "lru" if policy == "prefetch" else policy
-    if cpu_compute == "off":
-        dispatch = "copy"
-    elif policy == "oled" and reuse_copies > 0:
-        dispatch = "cpu+reuse"
-    else:
-        dispatch = "cpu"
-    knobs = {"dispatch.reuse_copies": int(reuse_copies)} if dispatch == "cpu+reuse" and reuse_copies != 2 else {}
-    if policy == "oled" and dispatch != "copy":  # the oled preset's dispatch knobs (PRESET_KNOBS)
-        knobs.update(PRESET_KNOBS["oled"])
-    return System(retention, prefetch, dispatch, "adaptive" if layer_adaptive else "uniform", knobs)
+    return resolve_system(None, policy=policy, cpu_compute=cpu_compute, layer_adaptive=layer_adaptive,
+                          reuse_copies=reuse_copies)
 
 
-def system_of_config(config: OffloadConfig) -> System:
-    """The system an OffloadConfig runs: its ``system`` string if it has one, else the legacy
-    ``policy``/``cpu_compute``/``layer_adaptive`` fields (``system_of_legacy``).
-
-    ``cpu_compute="off"`` (what the live runtime passes where the device is the CPU) makes the
-    dispatch ``copy`` whatever the system says: on such a machine CPU compute saves nothing.
-    ``oled_background_copies``/``oled_background_min_reuse`` are the knobs of a ``cpu+reuse``
-    dispatch (named for the preset that had them first): ``reuse_copies``/``reuse_min``, where not
-    at their defaults; 0 copies is the dispatch ``cpu``.
-    """
-    copies, min_reuse = int(config.oled_background_copies), float(config.oled_background_min_reuse)
-    text = getattr(config, "system", None)
-    if text:
-        system = parse_system(text)
-        if config.cpu_compute == "off" and system.dispatch != "copy":
-            system = dataclasses.replace(system, dispatch="copy")
-        if system.dispatch == "cpu+reuse" and copies == 0:
-            system = dataclasses.replace(system, dispatch="cpu")
-        elif system.dispatch == "cpu+reuse" and copies != 2:
-            system = system.with_knobs(dispatch__reuse_copies=copies)
-    else:
-        system = system_of_legacy(config.policy, config.cpu_compute, config.layer_adaptive, copies)
-    if system.dispatch == "cpu+reuse" and min_reuse != 1.0:
-        system = system.with_knobs(dispatch__reuse_min=min_reuse)
-    return system
+def spelling(system: System) -> str:
+    """The shortest name of ``system``: a preset with its exact parts and knobs, else its parts without
+    the defaults (``lru+cpu+adaptive``). Deprecation messages name the replacement with it."""
+    for name in SYSTEM_PRESETS:
+        if parse_system(name) == system:
+            return name
+    parts = [system.retention] + [p for p, default in ((system.prefetch, "none"), (system.dispatch, "copy"))
+                                  if p != default] + [system.allocation]
+    return "+".join(parts)
 
 
 def legacy_config_fields(system: System) -> dict[str, Any]:
-    """OffloadConfig fields that express as much of the system as a config's legacy fields can.
+    """OffloadConfig changes for a replay that runs ``system`` from a recorded config: its name cleared.
 
-    ``system`` is cleared: a controller given a :class:`System` builds from it, not from a string
-    (a config may not name both a system and a non-default policy).
+    A controller handed a :class:`System` builds from it (:func:`controller.build_controller`), its
+    retention knobs included, so no legacy field is set any more; kept because ``sim.replay`` clears a
+    recorded config's ``system`` through it.
     """
-    policy = system.retention if system.retention in _CONFIG_POLICIES else "lru"
-    out: dict[str, Any] = {"system": None, "policy": policy, "cpu_compute": system.cpu_compute,
-                           "layer_adaptive": system.layer_adaptive}
-    rk = system.part_knobs("retention")
-    if system.retention == "tide" and "interval" in rk:
-        out["tide_interval"] = int(rk["interval"])
-    if system.retention == "static" and "warmup_iterations" in rk:
-        out["static_warmup_iterations"] = int(rk["warmup_iterations"])
-    return out
+    return {"system": None}
 
 
 def build_dispatcher(system: System, cost_model: CostModel | None) -> Dispatcher:
@@ -260,18 +272,19 @@ def build_dispatcher(system: System, cost_model: CostModel | None) -> Dispatcher
                                reuse_min=float(dk.get("reuse_min", 1.0)), **flags)
 
 
-def build_policy(system: System, num_layers: int, num_experts: int, config: OffloadConfig):
-    """The retention part: from the config's knobs where the config names it, else from the system's knobs."""
+def build_policy(system: System, num_layers: int, num_experts: int, knobs: Any = None):
+    """The retention part. ``knobs``: an object with the retention knobs as attributes (an
+    ``OffloadConfig``'s ``tide_interval``, ``static_warmup_iterations``, ``oled_*``; duck-typed, so
+    nothing here imports the config); the system's own retention knobs win over them."""
     rk = system.part_knobs("retention")
-    config_knobs = {"interval", "warmup_iterations"}
-    if system.retention in _CONFIG_POLICIES and not set(rk) - config_knobs:
-        return make_policy(system.retention, num_layers, num_experts, config)
+    if system.retention in _CONFIG_POLICIES and not rk:
+        return make_policy(system.retention, num_layers, num_experts, knobs)
     from .policies.base import _REGISTRY
 
-    if system.retention == "static":
-        rk = {"warmup_iterations": config.static_warmup_iterations, **rk}
-    if system.retention == "tide":
-        rk = {"interval": config.tide_interval, **rk}
+    if knobs is not None and system.retention == "static":
+        rk = {"warmup_iterations": knobs.static_warmup_iterations, **rk}
+    if knobs is not None and system.retention == "tide":
+        rk = {"interval": knobs.tide_interval, **rk}
     return _REGISTRY[system.retention](num_layers, num_experts, **rk)
 
 

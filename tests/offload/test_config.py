@@ -1,5 +1,6 @@
 """OffloadConfig: validation messages, JSON round trip, slot resolution against the model."""
 
+import dataclasses
 import math
 
 import pytest
@@ -123,6 +124,39 @@ def test_system_names_a_live_system_and_round_trips():
 def test_system_messages(kwargs, message):
     with pytest.raises(ValueError, match=message):
         OffloadConfig(cache_size=8, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs, spelt", [
+    (dict(policy="lru"), "OffloadConfig(policy='lru') is deprecated and will be removed: "
+                         "use system='lru+cpu+adaptive'"),
+    (dict(policy="static", layer_adaptive=False), "OffloadConfig(policy='static', layer_adaptive=False) is "
+                                                  "deprecated and will be removed: use system='static'"),
+    (dict(layer_adaptive=False), "use system='oled-uniform'"),
+    (dict(policy="prefetch"), "use system='lru+gate+cpu+adaptive' in replay (oled-moe trace replay --system; its "
+                              "prefetch part 'gate' runs in replay only), system='lru+cpu+adaptive' for a live run"),
+    (dict(system="lru", layer_adaptive=False), "the system 'lru' names the allocation; drop layer_adaptive"),
+])
+def test_legacy_aliases_warn_naming_the_system_spelling(kwargs, spelt):
+    """``policy``/``layer_adaptive`` keep working, with a FutureWarning (Transformers-style) at the caller's line."""
+    with pytest.warns(FutureWarning) as caught:
+        cfg = OffloadConfig(cache_size=4, **kwargs)
+    assert len(caught) == 1 and spelt in str(caught[0].message) and caught[0].filename == __file__
+    if "system" not in kwargs:  # the (live) spelling it names runs the same system, less the replay-only prefetcher
+        named = str(caught[0].message).split("system=")[-1].split("'")[1]
+        live = dataclasses.replace(cfg.resolved_system(), prefetch="none")
+        assert OffloadConfig(cache_size=4, system=named).resolved_system() == live
+
+
+def test_one_path_warns_nothing():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for cfg in (OffloadConfig(cache_size=4), OffloadConfig(cache_size=4, system="lru"),
+                    OffloadConfig(cache_size=4, system="lru+cpu+uniform", cpu_compute="off",
+                                  oled_background_copies=3)):
+            assert OffloadConfig.from_json(cfg.to_json()) == cfg
+    assert OffloadConfig(cache_size=4).resolved_system().parts == "oled+none+cpu+reuse+adaptive"
 
 
 def test_from_dict_rejects_unknown_fields():

@@ -5,10 +5,18 @@ import hashlib
 import numpy as np
 import pytest
 
-from oled_hf.offload.config import OffloadConfig
+from oled_hf.offload.config import KNOWN_POLICIES, OffloadConfig
 from oled_hf.offload.controller import CacheController, build_controller
 from oled_hf.offload.costmodel import CostModel
-from oled_hf.offload.system import PRESET_KNOBS, SYSTEM_PRESETS, System, parse_system, system_of_legacy
+from oled_hf.offload.system import (
+    PRESET_KNOBS,
+    SYSTEM_PRESETS,
+    System,
+    parse_system,
+    resolve_system,
+    spelling,
+    system_of_legacy,
+)
 from oled_hf.sim.replay import replay
 from oled_hf.sim.synthetic import synthetic_trace
 from oled_hf.sim.trace import OP_BLOCK_END, OP_FORWARD
@@ -124,17 +132,55 @@ def test_a_config_system_plans_as_build_controller(text):
 
 def test_config_reuse_knobs_are_the_dispatch_parts_knobs():
     """``oled_background_copies``/``_min_reuse`` tune a ``cpu+reuse`` dispatch whatever its retention."""
-    from oled_hf.offload.system import system_of_config
-
     base = dict(cache_size=12, system="lru+cpu+reuse+adaptive")
-    assert system_of_config(OffloadConfig(**base)).knobs == {}
-    tuned = system_of_config(OffloadConfig(**base, oled_background_copies=4, oled_background_min_reuse=0.5))
+    assert OffloadConfig(**base).resolved_system().knobs == {}
+    tuned = OffloadConfig(**base, oled_background_copies=4, oled_background_min_reuse=0.5).resolved_system()
     assert tuned.knobs == {"dispatch.reuse_copies": 4, "dispatch.reuse_min": 0.5}
     ctrl = CacheController(OffloadConfig(**base, oled_background_copies=4), 3, 64, CM)
     assert (ctrl.dispatcher.reuse_copies, ctrl.dispatcher.reuse_min) == (4, 1.0)
-    assert system_of_config(OffloadConfig(**base, oled_background_copies=0)).dispatch == "cpu"
-    assert system_of_config(OffloadConfig(**base, cpu_compute="off")).dispatch == "copy"  # a CPU-only device
-    assert system_of_config(OffloadConfig(cache_size=12, system="lru+cpu", oled_background_copies=4)).knobs == {}
+    assert OffloadConfig(**base, oled_background_copies=0).resolved_system().dispatch == "cpu"
+    assert OffloadConfig(**base, cpu_compute="off").resolved_system().dispatch == "copy"  # a CPU-only device
+    assert OffloadConfig(**base).resolved_system(cpu_compute="off").dispatch == "copy"  # what the runtime passes
+    assert OffloadConfig(cache_size=12, system="lru+cpu", oled_background_copies=4).resolved_system().knobs == {}
+
+
+@pytest.mark.filterwarnings("ignore:OffloadConfig.*deprecated:FutureWarning")
+@pytest.mark.parametrize("policy", KNOWN_POLICIES)
+@pytest.mark.parametrize("cpu", ["auto", "on", "off"])
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_every_alias_has_a_system_spelling_that_resolves_alike(policy, cpu, adaptive):
+    """The deprecated ``policy``/``layer_adaptive`` aliases resolve (in ``resolve_system``) to the very
+    System their ``system=`` spelling does, knobs included, whatever ``cpu_compute`` and the reuse knobs."""
+    for copies, min_reuse in ((2, 1.0), (0, 1.0), (4, 0.5)):
+        knobs = dict(cpu_compute=cpu, reuse_copies=copies, reuse_min=min_reuse)
+        alias = resolve_system(None, policy=policy, layer_adaptive=adaptive, **knobs)
+        named = spelling(resolve_system(None, policy=policy, layer_adaptive=adaptive))
+        assert resolve_system(named, **knobs) == alias, (named, knobs)
+    config = OffloadConfig(cache_size=12, policy=policy, cpu_compute=cpu, layer_adaptive=adaptive)
+    assert config.resolved_system() == resolve_system(None, policy=policy, cpu_compute=cpu, layer_adaptive=adaptive)
+    assert system_of_legacy(policy, cpu, adaptive) == config.resolved_system()
+
+
+@pytest.mark.filterwarnings("ignore:OffloadConfig.*deprecated:FutureWarning")
+@pytest.mark.parametrize("policy, cpu, adaptive", [("lru", "auto", True), ("oled", "on", False),
+                                                   ("tide", "off", False)])
+def test_an_alias_and_its_spelling_plan_alike(policy, cpu, adaptive):
+    legacy = OffloadConfig(cache_size=12, policy=policy, cpu_compute=cpu, layer_adaptive=adaptive)
+    named = spelling(resolve_system(None, policy=policy, layer_adaptive=adaptive))
+    assert _digest(CacheController(legacy, 3, 64, CM)) == _digest(
+        CacheController(OffloadConfig(cache_size=12, system=named, cpu_compute=cpu), 3, 64, CM))
+
+
+def test_build_controller_takes_the_systems_retention_knobs_over_the_configs():
+    """Without the old ``legacy_config_fields`` bridge: a handed System's knobs win, the config's fill in."""
+    config = OffloadConfig(cache_size=12, tide_interval=4, static_warmup_iterations=3)
+    tuned = build_controller(config, parse_system("tide+cpu").with_knobs(retention__interval=7), 3, 64, CM)
+    assert tuned.policy.interval == 7
+    assert build_controller(config, parse_system("tide+cpu"), 3, 64, CM).policy.interval == 4
+    assert build_controller(config, parse_system("static+cpu"), 3, 64, CM).policy.warmup_iterations == 3
+    # the config's own name is ignored: a config naming lfu runs the handed system
+    assert build_controller(OffloadConfig(cache_size=12, system="lfu"), parse_system("lru"), 3, 64, CM
+                            ).system.retention == "lru"
 
 
 def test_a_dispatcher_without_a_system_makes_no_reuse_copies():
