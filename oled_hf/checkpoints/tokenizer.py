@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from ..fileio import write_folder_atomically
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
@@ -151,9 +153,9 @@ def save_llada2_tokenizer(tokenizer_object: Tokenizer, out_dir: str | os.PathLik
         padding_side="left",
     )
     wrapped.chat_template = CHAT_TEMPLATE
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    wrapped.save_pretrained(str(out))
+    # Built in a temporary sibling folder, then moved in (the files replace theirs by name, a link
+    # there is replaced, never written through): a failure leaves ``out_dir`` as it was.
+    out = write_folder_atomically(lambda folder: wrapped.save_pretrained(str(folder)), out_dir)
     return AutoTokenizer.from_pretrained(str(out))
 
 
