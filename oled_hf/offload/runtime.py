@@ -1,12 +1,19 @@
 """OffloadRuntime: wires store, cache, controller and executors into a loaded model.
 
 ``attach_offload(model, config, checkpoint_files)`` is called by the model's ``from_pretrained``
-when an ``offload_config`` was passed. The model was built without routed-expert modules, so its
-non-expert weights loaded the normal Transformers way; here the experts go from the safetensors
-files into the ExpertStore, the device slot pool is allocated once, and every MoE block gets an
-offloaded executor. The runtime listens to the decoder's iteration events and forwards them to
-the controller (policy, allocator) and, when asked, to a trace recorder. A layer that holds every
-expert runs without waiting for its routing on the host; the controller plans that access later,
+(through ``OffloadConfig.attach``) when an ``offload_config`` was passed. It resolves the config
+once: the slot budget (against the device, before any expert is read), the cost model (calibrated,
+then the config's overrides) and the system (``OffloadConfig.resolved_system`` with the CPU-compute
+mode the device allows) are handed to the controller as values; the controller reads only its
+knobs (allocation damping and floor, retention knobs) from the config object. This module imports
+no config (the config imports it, in ``attach``), nor does anything it builds.
+
+The model was built without routed-expert modules, so its non-expert weights loaded the normal
+Transformers way; here the experts go from the safetensors files into the ExpertStore, the device
+slot pool is allocated once, and every MoE block gets an offloaded executor. The runtime listens
+to the decoder's iteration events and forwards them to the controller (policy, allocator) and,
+when asked, to a trace recorder. A layer that holds every expert runs without waiting for its
+routing on the host; the controller plans that access later,
 in order, before anything reads its state (``CacheController.defer``).
 
 Threads: one offloaded model runs one call at a time. Its runtime holds a re-entrant lock

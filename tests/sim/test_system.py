@@ -107,8 +107,8 @@ def test_a_believed_cost_model_changes_decisions_not_the_clock():
 
 
 @pytest.mark.parametrize("policy, cpu, adaptive", [("oled", "on", True), ("lru", "off", False), ("tide", "auto", True)])
-def test_system_of_config_builds_what_the_controller_builds(policy, cpu, adaptive):
-    """The controller builds from ``system_of_config``: a legacy config and its system string plan alike."""
+def test_resolved_system_is_what_the_controller_builds(policy, cpu, adaptive):
+    """The controller builds from ``config.resolved_system()``: a legacy config and its system string plan alike."""
     legacy_config = OffloadConfig(cache_size=12, policy=policy, cpu_compute=cpu, layer_adaptive=adaptive)
     legacy = CacheController(legacy_config, 3, 64, CM)
     parts = system_of_legacy(policy, cpu, adaptive).parts
