@@ -16,6 +16,8 @@ import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from .hub import expand_user
+
 # Names the project's writers create (save_pretrained, the tokenizer, the model code); only these are
 # detached before an overwrite, so unrelated links in the folder are left alone.
 CHECKPOINT_PATTERNS = ("*.safetensors", "*.json", "*.py", "*.jinja", "*.model", "tokenizer*", "vocab*",
@@ -45,7 +47,7 @@ def check_output_folder(out: str | os.PathLike, *, overwrite: bool, argument: st
     is never a folder to write into. Nothing is created here, so callers validate everything else
     first and only then ``mkdir``.
     """
-    path = Path(out).expanduser()
+    path = expand_user(out, argument)  # ~nouser/x: one line naming OUT, not a RuntimeError traceback
     if path.exists() and not path.is_dir():
         raise ValueError(f"{argument} {out} is a file, not a folder: give a new or empty folder")
     if path.is_dir() and not overwrite and any(path.iterdir()):

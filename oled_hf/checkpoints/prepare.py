@@ -22,6 +22,7 @@ from ..fileio import write_folder_atomically
 from ..modeling.auto_map import AUTO_MAP, CODE_FILES, CODE_VERSION, write_model_code
 from ..modeling.configuration_oled_llada2 import OledLLaDA2Config
 from .families import check_family, decoding_defaults, detect_family
+from .hub import expand_user
 from .output_folder import check_output_folder
 
 LINKED_PATTERNS = ("*.safetensors", "model.safetensors.index.json", "tokenizer*", "special_tokens_map.json",
@@ -58,7 +59,7 @@ def prepare_checkpoint(src: str | os.PathLike, out: str | os.PathLike, family: s
     the local HF cache is linked (downloaded first when online; offline, only the cache answers).
     A folder of that spelling wins.
     """
-    src, out = resolve_source(src), Path(out).expanduser()
+    src, out = resolve_source(src), expand_user(out, "OUT")
     config = _read_source_config(src)
     family = detect_family(src, config) if family is None else check_family(family)
     config.pop("auto_map", None)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from ..checkpoints.families import FAMILIES
 from ..checkpoints.presets import PRESETS
@@ -52,10 +51,11 @@ def make_tiny(args: argparse.Namespace) -> int:
 
 
 def prepare(args: argparse.Namespace) -> int:
+    from ..checkpoints.hub import expand_user
     from ..checkpoints.prepare import prepare_checkpoint, resolve_source
 
     src = resolve_source(args.src)  # a hub id: its snapshot, resolved once
     out = prepare_checkpoint(src, args.out, family=args.family, overwrite=args.overwrite)
-    where = args.src if Path(args.src).expanduser().resolve() == src else f"{args.src}, {src}"
+    where = args.src if expand_user(args.src, "SRC").resolve() == src else f"{args.src}, {src}"
     print(f"prepared {out} (weights and tokenizer linked from {where})")
     return 0
