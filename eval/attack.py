@@ -19,9 +19,10 @@ Prints one line per case, labelled with its issue item ("35.1 record over a file
 for server cases the slowest /health answer during the case and whether the next request was served
 ('-' for the others), then what happened. Exit status 0 only if every case passed.
 
-    .venv/bin/python eval/attack.py                 # both halves: about 10-15 minutes on 2 busy cores
-    .venv/bin/python eval/attack.py --only server   # about 2-3 minutes
-    .venv/bin/python eval/attack.py --only cli      # the rest
+    .venv/bin/python eval/attack.py                 # both halves: about 22 minutes on 2 busy cores
+    .venv/bin/python eval/attack.py --only server   # about 2.5 minutes
+    .venv/bin/python eval/attack.py --only cli      # about 20: some 45 fresh interpreters, 20-60 s each
+    .venv/bin/python eval/attack.py --case 35.8 --case "13.5 blank"   # only the labels starting so
 
 Every socket goes to 127.0.0.1; every wait has a timeout; every server is stopped at the end.
 """
@@ -505,27 +506,34 @@ def run_cases(srv: Server, cases: list) -> bool:
     return passed_all
 
 
+def chosen(table: list, prefixes: list[str] | None) -> list:
+    """The cases of ``table`` whose label starts with one of ``prefixes`` (all of them for None)."""
+    return [(label, case) for label, case in table if prefixes is None or label.startswith(tuple(prefixes))]
+
+
 def run_server_cases(model: str, args) -> bool:
     """The keyed server's cases, the key-less server's, then those that need a server of their own."""
     start, passed_all = time.monotonic(), True
-    for label, key, chosen in (("with --api-key", KEY, KEYED_CASES), ("default: no key", None, WEB_CASES)):
+    for label, key, table in (("with --api-key", KEY, KEYED_CASES), ("default: no key", None, WEB_CASES)):
+        cases = chosen(table, args.case)
+        if not cases:
+            continue
         srv = Server(model, args, key=key)
         try:
             srv.wait_ready()
             print(f"server ({label}) pid {srv.proc.pid} on {srv.url}; {srv.resources()}")
-            passed_all &= run_cases(srv, chosen)
+            passed_all &= run_cases(srv, cases)
             print(f"after all cases: {srv.resources()}; alive: {srv.proc.poll() is None}; "
                   f"{time.monotonic() - start:.0f} s so far\n")
         finally:
             srv.stop()
-    print("servers with their own flags (started and stopped by each case)")
-    for name, case in OWN_SERVER_CASES:
+    for name, case in chosen(OWN_SERVER_CASES, args.case):
         try:
             result, ok = case(model, args)
         except Exception as err:
             result, ok = f"{type(err).__name__}: {err}", False
         passed_all &= ok
-        print(row(name, ok, result), flush=True)
+        print(row(name, ok, f"{result} (a server of its own)"), flush=True)
     print(f"{time.monotonic() - start:.0f} s so far\n")
     return passed_all
 
@@ -534,6 +542,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description="replay hostile requests against oled-moe serve (loopback), then "
                                             "hostile command lines and Python calls (eval/attack_cli.py)")
     p.add_argument("--only", choices=("server", "cli"), default=None, help="run only one half (default: both)")
+    p.add_argument("--case", action="append", metavar="PREFIX", default=None,
+                   help="run only the cases whose label starts with PREFIX ('35.8', '13.5 blank'); repeatable")
     p.add_argument("--model", default=None, help="checkpoint (default: a fresh tiny one in a temporary folder)")
     p.add_argument("--read-timeout", type=float, default=2.0, help="the server's --read-timeout (default: 2)")
     p.add_argument("--request-timeout", type=float, default=3.0, help="the server's --request-timeout (default: 3)")
@@ -554,7 +564,7 @@ def main() -> int:
             passed_all &= run_server_cases(model, args)
         if args.only in (None, "cli"):
             print("command lines and Python calls (eval/attack_cli.py), each in a fresh interpreter")
-            passed_all &= attack_cli.run_cases(model)
+            passed_all &= attack_cli.run_cases(model, chosen(attack_cli.CASES, args.case))
     finally:
         if scratch is not None:
             scratch.cleanup()

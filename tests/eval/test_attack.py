@@ -103,3 +103,11 @@ def test_rows_share_the_columns(attack_cli):
 def test_each_joins_sub_checks(attack_cli):
     assert attack_cli._each({"a": ("fine", True), "b": ("exit 1: boom", False)}) == ("a: ok; b: exit 1: boom", False)
     assert attack_cli._each({"a": ("fine", True)}) == ("a: ok", True)
+
+
+def test_case_prefixes_choose_labels(attack, attack_cli):
+    picked = attack.chosen(attack_cli.CASES, ["35.8", "13.5 blank"])
+    assert [label for label, _ in picked] == ["13.5 blank --api-key", "35.8 repetition_penalty 1e-38",
+                                              "35.8 toys' served names", "35.8 --model ~nouser/x"]
+    assert attack.chosen(attack.WEB_CASES, None) == attack.WEB_CASES
+    assert attack.chosen(attack.KEYED_CASES, ["35."]) == []
