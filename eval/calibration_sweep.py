@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None, help="write every row here (a new file)")
     args = p.parse_args(argv)
     if args.json:
-        check_new_file(args.json)
+        check_new_file(args.json, overwrite=False, field="--json", flag="a new path")
     cm = cost_model()
     rows: list[dict[str, Any]] = []
     for path in args.traces:
@@ -84,7 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(format_table(rows))
     if args.json:
-        write_atomically(args.json, json.dumps(rows, indent=1))
+        text = json.dumps(rows, indent=1)
+
+        def save(tmp: str) -> None:
+            with open(tmp, "w") as f:
+                f.write(text)
+
+        write_atomically(save, args.json)
     return 0
 
 
