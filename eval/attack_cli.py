@@ -62,7 +62,8 @@ def refused(r: subprocess.CompletedProcess, *expect: str) -> tuple[str, bool]:
     """Exit 2 and exactly one stderr line holding every ``expect``: the project's CLI error contract."""
     lines = r.stderr.strip().splitlines()
     shown = lines[-1][:150] if lines else "(no stderr)"
-    return f"exit {r.returncode}: {shown}", (r.returncode == 2 and len(lines) == 1
+    more = f" ({len(lines)} stderr lines, first: {lines[0][:100]})" if len(lines) > 1 else ""
+    return f"exit {r.returncode}: {shown}{more}", (r.returncode == 2 and len(lines) == 1
                                               and all(e in lines[0] for e in expect))
 
 

@@ -84,7 +84,8 @@ def test_refused_wants_exit_2_one_line_and_every_expected_text(attack_cli):
     assert attack_cli.refused(_done(2, line), "--top-k 0", "allowed 1 to 256") == (f"exit 2: {line.strip()}", True)
     assert not attack_cli.refused(_done(2, line), "--top-k 0", "allowed 1 to 4096")[1]
     assert not attack_cli.refused(_done(1, line), "--top-k 0")[1]
-    assert not attack_cli.refused(_done(2, "Traceback (most recent call last):\n" + line), "--top-k 0")[1]
+    text, ok = attack_cli.refused(_done(2, "x.py:1: FutureWarning: old\n" + line), "--top-k 0")
+    assert not ok and text.endswith("(2 stderr lines, first: x.py:1: FutureWarning: old)")
     assert attack_cli.refused(_done(2, ""), "x") == ("exit 2: (no stderr)", False)
 
 
