@@ -36,9 +36,9 @@ FLOAT_LIMITS: dict[str, tuple[float, float, bool]] = {
 # per-layer lists: (lowest, highest); None allowed for the optional ones; carries are correlations, [-1, 1]
 LAYER_LISTS: dict[str, tuple[float, float]] = {
     "popularity_scale": (0.0, 100.0), "block_scale": (0.0, 100.0), "block_carry": (-1.0, 1.0),
-    "predict_carry": (-1.0, 1.0), "mask_scale": (0.0, 100.0),
+    "predict_carry": (-1.0, 1.0), "mask_scale": (0.0, 100.0), "step_scale": (0.0, 100.0),
 }
-OPTIONAL_LISTS = ("predict_carry", "mask_scale")
+OPTIONAL_LISTS = ("predict_carry", "mask_scale", "step_scale")
 
 
 def _name(field: str, value: Any) -> str:

@@ -153,6 +153,12 @@ class SynthParams:
     distinct experts where 6 decoded ones route to 27-31) and their counts have cosine about 0.2 with the
     decoded tokens' of the same step, so a token that commits leaves the experts the block's masked tokens share,
     and the last step of a block (mostly decoded) shares few heavy experts with the next block's first (masked).
+    Within a block the logits drift: step i adds ``w_i``, a random walk shared by the block's tokens (w_0 = 0,
+    w_{i+1} = w_i + ``step_scale[l]`` * N(0, 1); None = 0), also in the block's refresh forward: the block's
+    context moves as positions commit, so the experts it favours move and stay moved. Without it the fitted traces
+    route 8-14% fewer distinct experts per block (union over its steps) than the recorded ones at the same distinct
+    experts per step and a lower adjacent-step overlap: every token's noise reverts to fixed block-wide logits, so
+    a block's churn revisits the same experts where a recorded block's moves on to new ones.
     Predicted next-layer routes use ``predict_carry[l] * eps + fresh``. Decoder: per block a share p ~
     Beta(sure_alpha, sure_beta) of its masked positions is sure (commits at once); each later iteration each
     unsure position becomes sure with probability ``hazard``; an iteration with no sure position commits the most
@@ -169,6 +175,7 @@ class SynthParams:
     carry: dict[str, list[float]]
     predict_carry: list[float] | None = None
     mask_scale: list[float] | None = None
+    step_scale: list[float] | None = None
     threshold: float = 0.95
     sure_alpha: float = 1.0
     sure_beta: float = 1.0
@@ -353,6 +360,8 @@ def generate(params: SynthParams, shape: TraceShape, seed: int = 0,
     pc = None if p.predict_carry is None else np.asarray(p.predict_carry, dtype=np.float64).reshape(L, 1, 1)
     a = np.zeros((L, 1, 1)) if p.mask_scale is None else np.asarray(p.mask_scale, dtype=np.float64).reshape(L, 1, 1)
     brng = np.random.default_rng([seed, 6])  # the mask component's own stream: mask_scale 0 leaves the rest as it was
+    q = None if p.step_scale is None or not any(p.step_scale) else np.asarray(p.step_scale, float).reshape(L, 1, 1)
+    zrng = np.random.default_rng([seed, 9])  # the within-block walk's own stream, likewise
     writer = TraceWriter(L, E, k, B, hidden_size=p.hidden_size, moe_intermediate_size=p.moe_intermediate_size,
                          dtype_bytes=p.dtype_bytes, model=f"synthetic ({p.source})" if p.source else "synthetic",
                          decoding={"threshold": p.threshold, "seed": seed})
@@ -382,8 +391,11 @@ def generate(params: SynthParams, shape: TraceShape, seed: int = 0,
             eps = rng.normal(size=(L, masked.shape[0], E))
             writer.on_block_start(block, torch.from_numpy(tokens.reshape(shape.batch, B)))
             dec, it = _Decoder(p, decoder_rng(seed, n, i), masked, shape.batch), 0
+            walk = np.zeros((L, 1, E))
             while dec.masked.any():
-                forward("denoise", block, it, np.where(dec.masked[None, :, None], shared_m, shared), eps)
+                if q is not None and it:
+                    walk = walk + q * zrng.normal(size=(L, 1, E))
+                forward("denoise", block, it, np.where(dec.masked[None, :, None], shared_m, shared) + walk, eps)
                 start, conf, commit = dec.step()
                 tokens[commit] = rng.integers(0, 1000, size=int(commit.sum()))
                 writer.on_iteration(IterationEvent(block, it, *(torch.from_numpy(x.reshape(shape.batch, B).copy())
@@ -393,6 +405,6 @@ def generate(params: SynthParams, shape: TraceShape, seed: int = 0,
                 eps = c * eps + np.sqrt(np.maximum(1 - c ** 2, 0.0)) * rng.normal(size=eps.shape)
                 it += 1
             if refresh:
-                forward("refresh", block, it, shared, eps)
+                forward("refresh", block, it, shared + walk, eps)
             writer.on_block_end(block, torch.from_numpy(tokens.reshape(shape.batch, B).copy()))
     return writer.trace()

@@ -101,3 +101,20 @@ def test_like_names_every_assumption_and_rejects_unknown_names():
 
     with pytest.raises(ValueError, match="allowed: llada2.0-flash, llada2.0-mini"):
         like("llada3")
+
+
+def test_no_within_block_walk_leaves_generate_as_it_was():
+    """step_scale None and 0 give the same trace (the walk has its own stream): older files and --like hold; a
+    non-zero step scale changes the routes."""
+    p = truth()
+    a = generate(p, TraceShape.uniform(2, 2, B), seed=5)
+    p.step_scale = [0.0, 0.0]
+    b = generate(p, TraceShape.uniform(2, 2, B), seed=5)
+    assert np.array_equal(a.arrays["topk_ids"], b.arrays["topk_ids"])
+    p.step_scale = [0.5, 0.5]
+    c = generate(p, TraceShape.uniform(2, 2, B), seed=5)
+    assert not np.array_equal(a.arrays["topk_ids"], c.arrays["topk_ids"])
+    assert SynthParams.from_json(p.to_json()).step_scale == [0.5, 0.5]
+    p.step_scale = [0.5]
+    with pytest.raises(ValueError, match="step_scale: 1 values"):
+        p.check()
