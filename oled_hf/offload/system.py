@@ -58,6 +58,8 @@ KNOB_PARTS = ("retention", "prefetch", "dispatch")
 # retention parts whose knobs an OffloadConfig carries (``make_policy(name, ..., config)``); others
 # ("score") are built from the registry with their system knobs
 _CONFIG_POLICIES = ("lfu", "lru", "moe-infinity", "oled", "static", "tide")
+# the deprecated ``policy`` alias's names (config.KNOWN_POLICIES, which re-checks them: the config imports this module)
+LEGACY_POLICIES = ("lfu", "lru", "moe-infinity", "oled", "prefetch", "static", "tide")
 
 SYSTEM_PRESETS: dict[str, str] = {
     # the old policy names, as the report ran them
@@ -200,6 +202,8 @@ def resolve_system(system: str | System | None = None, *, policy: str = "oled", 
     ``cpu+reuse`` dispatch, recorded where not at their defaults; 0 copies is the dispatch ``cpu``.
     """
     if system is None:
+        if policy not in LEGACY_POLICIES:
+            raise ValueError(f"policy={policy!r} is unknown; known policies: {', '.join(LEGACY_POLICIES)}")
         prefetch = {"prefetch": "gate", "moe-infinity": "matrix"}.get(policy, "none")
         retention = "lru" if policy == "prefetch" else policy
         if cpu_compute == "off":

@@ -171,6 +171,14 @@ def test_an_alias_and_its_spelling_plan_alike(policy, cpu, adaptive):
         CacheController(OffloadConfig(cache_size=12, system=named, cpu_compute=cpu), 3, 64, CM))
 
 
+def test_resolve_system_refuses_an_unknown_policy_alias():
+    from oled_hf.offload.system import LEGACY_POLICIES
+
+    assert LEGACY_POLICIES == KNOWN_POLICIES
+    with pytest.raises(ValueError, match=r"^policy='x' is unknown; known policies: lfu, lru, moe-infinity, oled, "):
+        resolve_system(None, policy="x")
+
+
 def test_build_controller_takes_the_systems_retention_knobs_over_the_configs():
     """Without the old ``legacy_config_fields`` bridge: a handed System's knobs win, the config's fill in."""
     config = OffloadConfig(cache_size=12, tide_interval=4, static_warmup_iterations=3)
