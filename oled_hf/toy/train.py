@@ -1,6 +1,6 @@
 """Train the toy LLaDA2 MoE on 3-digit addition with the masked-diffusion objective (CPU).
 
-``python -m oled_hf.toy.train OUT [--seed S] [--steps N] [--minutes M] [--threads T]``
+``python -m oled_hf.toy.train OUT [--seed S] [--steps N] [--minutes M] [--threads T] [--overwrite]``
 
 The defaults (2,500 steps of 128 sequences) took 883 s on one core of a shared 2-core machine and
 give 98.3% held-out exact match; ``OUT/toy_report.json`` records the run.
@@ -52,6 +52,7 @@ from ..modeling import OledLLaDA2Config, OledLLaDA2ForDiffusionLM
 from ..modeling.experts import RESIDENT_EXECUTOR, expert_bank, group_tokens_by_expert, swiglu_expert
 from ..progress import add_quiet_argument, progress
 from .data import ToyEncoding, heldout_pairs, sample_train_pairs
+from .output import add_overwrite_argument, built_tokenizer, check_output, save_checkpoint
 from .tokenizer import build_toy_tokenizer
 
 # toy-model.md's second run: 64 experts of width 32, top-4 over 8 groups keeping 4 (~2.8M parameters).
@@ -270,14 +271,20 @@ def train_toy(
     init: str | os.PathLike | None = None,
     log=print,
     quiet: bool = False,
+    overwrite: bool = False,
 ) -> dict:
-    """Train, evaluate on the held-out split and (``save``) write the checkpoint; returns the report."""
+    """Train, evaluate on the held-out split and (``save``) write the checkpoint; returns the report.
+
+    With ``save``, ``out_dir`` is checked before the first step (:func:`check_output`: new or empty
+    unless ``overwrite``) and the checkpoint is written at the end in one move
+    (:func:`save_checkpoint`): nothing is written there before, and a failed save leaves it as it was.
+    """
+    out = check_output(out_dir, overwrite) if save else Path(out_dir)
     if threads:
         torch.set_num_threads(threads)
-    out = Path(out_dir)
     if any(canvas_length % b for b in block_lengths):
         raise ValueError(f"canvas_length={canvas_length} must be a multiple of every block length {block_lengths}")
-    tokenizer = build_toy_tokenizer(out)
+    tokenizer, tokenizer_files = built_tokenizer(build_toy_tokenizer)
     enc = ToyEncoding.from_tokenizer(tokenizer)
     config = toy_config(tokenizer, **(model_overrides or {}))
     if not 0.0 <= substitution < 1.0:
@@ -372,8 +379,8 @@ def train_toy(
             eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, bos_token_id=config.bos_token_id,
             mask_token_id=config.mask_token_id, **GENERATION,
         )
-        model.save_pretrained(out, max_shard_size=SHARD_SIZE)
-        (out / "toy_report.json").write_text(json.dumps(report, indent=2) + "\n")
+        save_checkpoint(model, out, {**tokenizer_files, "toy_report.json": json.dumps(report, indent=2) + "\n"},
+                        shard_size=SHARD_SIZE)
     report["model"] = model
     return report
 
@@ -392,11 +399,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--init", default=None, help="start from this checkpoint (fine-tune) instead of random")
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--warmup", type=int, default=100)
+    add_overwrite_argument(parser)
     add_quiet_argument(parser)
     args = parser.parse_args(argv)
+    try:  # refused now, not after the training
+        check_output(args.out, args.overwrite)
+    except ValueError as err:
+        parser.error(str(err))
     report = train_toy(args.out, seed=args.seed, steps=args.steps, minutes=args.minutes, eval_n=args.eval_n,
                        threads=args.threads, substitution=args.substitution_noise, init=args.init, lr=args.lr,
-                       warmup=args.warmup, log=lambda s: print(s, flush=True), quiet=args.quiet)
+                       warmup=args.warmup, log=lambda s: print(s, flush=True), quiet=args.quiet,
+                       overwrite=args.overwrite)
     report.pop("model")
     print(json.dumps(report, indent=2))
 

@@ -1,7 +1,7 @@
 """Train the long-answer toy (LLaDA2.0-mini's routing shape) with block diffusion on CPU.
 
 ``python -m oled_hf.toy.long.train OUT [--preset long|deep] [--task NAME[:WEIGHT[:LO-HI]] ...] [--steps N]
-[--seed S] [--init PREVIOUS_CHECKPOINT]``
+[--seed S] [--init PREVIOUS_CHECKPOINT] [--overwrite]``
 
 The network is ``OledLLaDA2ForDiffusionLM`` with ``LONG_MODEL`` (256 experts of width 16, top-8,
 ``n_group=8``, ``topk_group=4``, one shared expert, layer 0 dense, QK-norm, partial RoPE), trained
@@ -31,8 +31,10 @@ import torch
 import torch.nn.functional as F
 from transformers import GenerationConfig
 
+from ...fileio import write_text_atomically
 from ...modeling import OledLLaDA2ForDiffusionLM
 from ...progress import add_quiet_argument, progress
+from ..output import add_overwrite_argument, built_tokenizer, check_output, save_checkpoint
 from ..train import (
     end_training,
     lr_at,
@@ -109,13 +111,14 @@ def scheduled_lr(step: int, steps: int, lr: float, warmup: int, elapsed: float, 
     return lr_at(int(progress * steps), steps, lr, warmup)
 
 
-def _save(model, out: Path, config, report: dict) -> None:
+def _save(model, out: Path, config, report: dict, tokenizer_files: dict[str, bytes]) -> None:
+    """The checkpoint (weights, tokenizer, report) moved into ``out`` whole (:func:`save_checkpoint`)."""
     model.generation_config = GenerationConfig(
         eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, bos_token_id=config.bos_token_id,
         mask_token_id=config.mask_token_id, **GENERATION,
     )
-    model.save_pretrained(out, max_shard_size=SHARD_SIZE)
-    (out / REPORT_NAME).write_text(json.dumps(report, indent=2) + "\n")
+    save_checkpoint(model, out, {**tokenizer_files, REPORT_NAME: json.dumps(report, indent=2) + "\n"},
+                    shard_size=SHARD_SIZE)
 
 
 def train_long(
@@ -144,6 +147,7 @@ def train_long(
     command: list[str] | None = None,
     log=print,
     quiet: bool = False,
+    overwrite: bool = False,
 ) -> dict:
     """Train on ``mix``, evaluate held-out (``eval_n`` per task) and (``save``) write the checkpoint.
 
@@ -151,13 +155,14 @@ def train_long(
     ``model_overrides`` changes fields of it; with ``init`` the shape is the checkpoint's and
     training continues from its weights (a new stage: fresh warmup and cosine over ``steps``).
     Progress on stderr (``oled_hf.progress``): a bar on a terminal, a line every 10 s and the
-    duration in a log, nothing with ``quiet``.
+    duration in a log, nothing with ``quiet``. With ``save``, ``out_dir`` is checked before the first
+    step (new or empty unless ``overwrite``) and every save moves a whole checkpoint in.
     """
     base = check_start(preset, init, model_overrides)  # refused before anything is written
+    out = check_output(out_dir, overwrite) if save else Path(out_dir)
     if threads:
         torch.set_num_threads(threads)
-    out = Path(out_dir)
-    tokenizer = build_long_tokenizer(out)
+    tokenizer, tokenizer_files = built_tokenizer(build_long_tokenizer)
     enc = LongEncoding.from_tokenizer(tokenizer)
     canvas_length = canvas_length or required_canvas(enc, mix, max(block_lengths))
     config = toy_config(tokenizer, **{**base, **(model_overrides or {})}, oled_model_name=MODEL_NAMES[preset])
@@ -217,7 +222,7 @@ def train_long(
                                            "stages": stage_commands(previous, command or []),
                                            "tasks": [str(t) for t in mix], "step": step + 1,
                                            "init": None if init is None else str(init), "previous": previous,
-                                           "curve": curve})
+                                           "curve": curve}, tokenizer_files)
     else:
         step = steps
     bar.close()
@@ -242,7 +247,7 @@ def train_long(
         "curve": curve,
     }
     if save:
-        _save(model, out, config, report)
+        _save(model, out, config, report, tokenizer_files)
     if eval_n:
         eval_start = time.perf_counter()
         settings = progress(((16, 0.95), (32, 0.9)), desc=f"held-out evaluation ({eval_n} per task)",
@@ -251,7 +256,7 @@ def train_long(
                              for b, thr in settings]
         report["eval_seconds"] = round(time.perf_counter() - eval_start, 1)
         if save:
-            (out / REPORT_NAME).write_text(json.dumps(report, indent=2) + "\n")
+            write_text_atomically(json.dumps(report, indent=2) + "\n", out / REPORT_NAME)
     report["trained_model"] = model
     return report
 
@@ -310,12 +315,14 @@ def main(argv: list[str] | None = None) -> None:
                         help="model shape: long (the shipped toy, 3 MoE layers) or deep (8 MoE layers)")
     parser.add_argument("--model", action="append", default=[], metavar="FIELD=VALUE",
                         help="override a LONG_MODEL config field (repeatable), e.g. --model hidden_size=192")
+    add_overwrite_argument(parser)
     add_quiet_argument(parser)
     args = parser.parse_args(argv)
     try:
         overrides = parse_overrides(args.model)
         mix = parse_mix(args.task)
         check_start(args.preset, args.init, overrides)
+        check_output(args.out, args.overwrite)  # before training, not after
     except ValueError as e:
         parser.error(str(e))
     report = train_long(args.out, mix, seed=args.seed, steps=args.steps, minutes=args.minutes,
@@ -325,7 +332,7 @@ def main(argv: list[str] | None = None) -> None:
                         preset=args.preset,
                         threads=args.threads, command=["python", "-m", "oled_hf.toy.long.train", *sys.argv[1:]]
                         if argv is None else ["python", "-m", "oled_hf.toy.long.train", *argv],
-                        log=lambda s: print(s, flush=True), quiet=args.quiet)
+                        log=lambda s: print(s, flush=True), quiet=args.quiet, overwrite=args.overwrite)
     report.pop("trained_model")
     print(json.dumps({k: v for k, v in report.items() if k != "curve"}, indent=2))
 
