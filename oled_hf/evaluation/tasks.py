@@ -199,11 +199,12 @@ def task_spec(name: str, dirs: list[Path], data_files: dict | None = None) -> st
 
 
 def write_toy_data(out_dir: Path | None = None, n_train: int = TOY_DATA_SIZES["n_train"],
-                   n_heldout: int = TOY_DATA_SIZES["n_heldout"]) -> dict[str, Path]:
-    """The toy task's ``train.jsonl`` / ``test.jsonl`` (``oled_hf.toy.data.write_jsonl``)."""
+                   n_heldout: int = TOY_DATA_SIZES["n_heldout"], overwrite: bool = False) -> dict[str, Path]:
+    """The toy task's ``train.jsonl`` / ``test.jsonl`` (``oled_hf.toy.data.write_jsonl``; existing files are
+    replaced only with ``overwrite``, the shipped data folder included)."""
     from ..toy.data import write_jsonl
 
-    return write_jsonl(out_dir or toy_data_dir(), n_train=n_train, n_heldout=n_heldout)
+    return write_jsonl(out_dir or toy_data_dir(), n_train=n_train, n_heldout=n_heldout, overwrite=overwrite)
 
 
 def heldout_size() -> int:
@@ -219,9 +220,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-test", type=int, default=TOY_DATA_SIZES["n_heldout"],
                         help="held-out problems; 0 = the complete held-out split")
     parser.add_argument("--n-train", type=int, default=TOY_DATA_SIZES["n_train"])
+    parser.add_argument("--overwrite", action="store_true", help="replace existing JSONL files (default: refuse)")
     args = parser.parse_args(argv)
     n_test = args.n_test or heldout_size()
-    paths = write_toy_data(Path(args.out) if args.out else None, n_train=args.n_train, n_heldout=n_test)
+    paths = write_toy_data(Path(args.out) if args.out else None, n_train=args.n_train, n_heldout=n_test,
+                           overwrite=args.overwrite)
     for name, path in paths.items():
         print(f"{name}: {path}")
     return 0
