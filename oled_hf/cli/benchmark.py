@@ -19,6 +19,7 @@ import argparse
 import json
 import statistics
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -189,7 +190,9 @@ def offload_choices(args: argparse.Namespace) -> list[tuple[str, dict]]:
     choices = [(p, {"policy": p}) for p in policies] + [(s, {"system": s}) for s in args.system or []]
     for name, fields in choices:
         try:
-            OffloadConfig(cache_size=1, cpu_compute=args.cpu_compute, **fields)
+            with warnings.catch_warnings():  # --policy is the CLI's own spelling: no deprecation line on stderr
+                warnings.simplefilter("ignore", FutureWarning)
+                OffloadConfig(cache_size=1, cpu_compute=args.cpu_compute, **fields)
         except ValueError as err:
             raise ValueError(f"--{next(iter(fields))} {name}: {err}") from None
     names = [name for name, _ in choices]
