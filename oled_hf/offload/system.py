@@ -249,16 +249,6 @@ def spelling(system: System) -> str:
     return "+".join(parts)
 
 
-def legacy_config_fields(system: System) -> dict[str, Any]:
-    """OffloadConfig changes for a replay that runs ``system`` from a recorded config: its name cleared.
-
-    A controller handed a :class:`System` builds from it (:func:`controller.build_controller`), its
-    retention knobs included, so no legacy field is set any more; kept because ``sim.replay`` clears a
-    recorded config's ``system`` through it.
-    """
-    return {"system": None}
-
-
 def build_dispatcher(system: System, cost_model: CostModel | None) -> Dispatcher:
     """The dispatch part, deciding from ``cost_model`` (the believed one)."""
     dk = system.part_knobs("dispatch")

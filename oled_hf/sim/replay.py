@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from oled_hf.offload.allocation import uniform_capacities
-from oled_hf.offload.config import OffloadConfig
+from oled_hf.offload.config import DEFAULT_POLICY, OffloadConfig
 from oled_hf.offload.controller import CacheController, build_controller
 from oled_hf.offload.costmodel import CostModel
 from oled_hf.offload.online_calibration import CALIBRATION_KNOBS, CalibrationSettings, settings_from_knobs
@@ -50,8 +50,8 @@ from oled_hf.offload.policies.prefetch import Prefetcher
 from oled_hf.offload.system import (
     System,
     build_prefetcher,
-    legacy_config_fields,
     parse_system,
+    resolve_system,
     system_of_legacy,
 )
 
@@ -264,11 +264,11 @@ def replay(
         raise ValueError("replay needs cache_size (slots per MoE layer) or an offload_config with a budget")
     sys_, calibration = split_calibration(parse_system(system) if isinstance(system, str) else system)
     base = offload_config if offload_config is not None else OffloadConfig(cache_size=cache_size)
-    # the explicit legacy arguments replace the config's system too (a config may not name both)
-    changes: dict[str, Any] = {"system": None, "policy": policy_name, "layer_adaptive": layer_adaptive,
-                               "cpu_compute": cpu_compute}
-    if sys_ is not None:
-        changes = legacy_config_fields(sys_)
+    if sys_ is None:  # an old policy name and its flags: the system they name, resolved as a live config's is
+        sys_ = resolve_system(None, policy=policy_name, cpu_compute=cpu_compute, layer_adaptive=layer_adaptive,
+                              reuse_copies=base.oled_background_copies, reuse_min=base.oled_background_min_reuse)
+    # the controller runs sys_ (build_controller); the config keeps the budget and the knobs, naming no system
+    changes: dict[str, Any] = {"system": None, "policy": DEFAULT_POLICY, "layer_adaptive": True}
     if cache_size is not None:
         changes.update(budget_override(cache_size))
     config = dataclasses.replace(base, **changes)

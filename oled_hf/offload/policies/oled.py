@@ -42,7 +42,7 @@ The rule, per MoE layer access (rows = batch*B block positions, row r = batch r/
    ``oled`` preset (``oled_hf.offload.system``) composes this policy with it: up to 2 CPU-computed
    misses per access with predicted reuse >= 1 are also copied off the critical path, and each
    access is split for its own makespan (``OffloadConfig.oled_background_copies`` and
-   ``oled_background_min_reuse`` are that dispatch's knobs, ``system_of_config``).
+   ``oled_background_min_reuse`` are that dispatch's knobs, ``system.resolve_system``).
 """
 
 from __future__ import annotations
