@@ -551,6 +551,10 @@ def main() -> int:
     p.add_argument("--request-timeout", type=float, default=3.0, help="the server's --request-timeout (default: 3)")
     p.add_argument("--max-body-bytes", type=int, default=1 << 21, help="the server's --max-body-bytes (default: 2 MiB)")
     args = p.parse_args()
+    tables = {"server": (KEYED_CASES, WEB_CASES, OWN_SERVER_CASES), "cli": (attack_cli.CASES,)}
+    halves = [h for h in tables if args.only in (None, h)]
+    if args.case and not any(chosen(t, args.case) for h in halves for t in tables[h]):
+        p.error(f"--case {' '.join(args.case)}: no case label starts with that (e.g. '35.8', '13.5 blank')")
 
     scratch = None
     model = args.model

@@ -112,3 +112,13 @@ def test_case_prefixes_choose_labels(attack, attack_cli):
                                               "35.8 toys' served names", "35.8 --model ~nouser/x"]
     assert attack.chosen(attack.WEB_CASES, None) == attack.WEB_CASES
     assert attack.chosen(attack.KEYED_CASES, ["35."]) == []
+
+
+def test_a_case_prefix_that_matches_nothing_is_one_line_exit_2():
+    """It used to run zero cases and print ALL PASSED."""
+    r = subprocess.run([sys.executable, str(ROOT / "eval" / "attack.py"), "--case", "99.9"], capture_output=True,
+                       text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1] == ("attack.py: error: --case 99.9: no case label starts with that "
+                                                 "(e.g. '35.8', '13.5 blank')")
+    assert "PASSED" not in r.stdout
