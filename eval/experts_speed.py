@@ -47,6 +47,7 @@ def main() -> None:
     from oled_hf.modeling.experts import LOOP_EXECUTOR
 
     from oled_hf import OffloadConfig
+    from oled_hf.offload.system import spelling, system_of_legacy
 
     args = build_parser().parse_args()
     torch.set_num_threads(args.threads)
@@ -58,7 +59,7 @@ def main() -> None:
     configs["resident, per-expert loop"] = loop
     for size in args.cache_size:
         for policy in args.policy:
-            oc = OffloadConfig(cache_size=size, policy=policy, cpu_compute="off")
+            oc = OffloadConfig(cache_size=size, system=spelling(system_of_legacy(policy)), cpu_compute="off")
             model = OledLLaDA2ForDiffusionLM.from_pretrained(path, offload_config=oc).eval()
             configs[f"{policy} @ {size} slots"] = model
     ids = torch.randint(0, configs["resident, grouped"].config.vocab_size - 8, (1, 32),

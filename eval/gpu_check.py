@@ -33,6 +33,7 @@ from oled_hf import OffloadConfig
 from oled_hf.checkpoints.presets import preset_config_kwargs
 from oled_hf.checkpoints.streaming import write_random_checkpoint
 from oled_hf.fileio import check_new_files, write_text_atomically
+from oled_hf.offload.system import spelling, system_of_legacy
 
 RESULT_NAME = "gpu_check.json"
 MINI = dict(vocab_size=157184, hidden_size=2048, num_hidden_layers=20, num_attention_heads=16, num_key_value_heads=4,
@@ -132,7 +133,8 @@ def main(argv=None) -> int:
     exact_ok = deferred_ok = True
     for policy, size, cpu in configs:
         size = min(size, config.num_experts)
-        oc = OffloadConfig(cache_size=size, policy=policy, cpu_compute="auto" if cpu == "full" else cpu)
+        oc = OffloadConfig(cache_size=size, system=spelling(system_of_legacy(policy)),
+                           cpu_compute="auto" if cpu == "full" else cpu)
         model = OledLLaDA2ForDiffusionLM.from_pretrained(path, device_map=args.device, offload_config=oc).eval()
         if cpu == "full":
             fill_every_layer(model)

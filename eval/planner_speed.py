@@ -42,6 +42,7 @@ import torch
 from oled_hf.offload.config import OffloadConfig
 from oled_hf.offload.controller import CacheController
 from oled_hf.offload.costmodel import CostModel
+from oled_hf.offload.system import spelling, system_of_legacy
 from oled_hf.sim.synthetic import synthetic_trace
 from oled_hf.sim.trace import OP_BLOCK_END, OP_BLOCK_START, OP_EVENT, OP_FORWARD, Trace, load_trace
 
@@ -85,7 +86,8 @@ def run_once(work: Workload, policy: str, cpu_compute: str, digest: bool = False
     hdr = tr.header
     cm = CostModel.h200_pcie5(hdr.get("hidden_size", 512), hdr.get("moe_intermediate_size", 128),
                               hdr.get("dtype_bytes", 2))
-    ctrl = CacheController(OffloadConfig(cache_size=work.cache_size, policy=policy, cpu_compute=cpu_compute),
+    ctrl = CacheController(OffloadConfig(cache_size=work.cache_size, system=spelling(system_of_legacy(policy)),
+                                         cpu_compute=cpu_compute),
                            tr.num_layers, tr.num_experts, cm)
     spent = dict.fromkeys(KINDS, 0.0)
     calls = dict.fromkeys(KINDS, 0)

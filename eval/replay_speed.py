@@ -19,6 +19,7 @@ import numpy as np
 from oled_hf.offload.config import OffloadConfig
 from oled_hf.offload.controller import CacheController
 from oled_hf.offload.costmodel import CostModel
+from oled_hf.offload.system import spelling, system_of_legacy
 from oled_hf.sim.belady import request_sets
 from oled_hf.sim.replay import default_cost_model, replay
 from oled_hf.sim.synthetic import synthetic_trace
@@ -29,8 +30,8 @@ POLICIES = ("oled", "lru", "lfu", "static", "tide")
 
 def planner_only(trace: Trace, policy: str, cache_size: int, cost_model: CostModel) -> float:
     """Seconds spent in CacheController.plan over the trace (events and rebalancing excluded)."""
-    ctrl = CacheController(OffloadConfig(cache_size=cache_size, policy=policy), trace.num_layers,
-                           trace.num_experts, cost_model)
+    config = OffloadConfig(cache_size=cache_size, system=spelling(system_of_legacy(policy)))
+    ctrl = CacheController(config, trace.num_layers, trace.num_experts, cost_model)
     spent = 0.0
     for op, idx in trace.ops():
         if op == OP_FORWARD:
