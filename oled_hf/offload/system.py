@@ -47,6 +47,7 @@ from typing import Any
 
 from .costmodel import CostModel
 from .dispatch import DISPATCH_MODES, Dispatcher
+from .online_calibration import CALIBRATION_KNOBS, settings_from_knobs
 from .policies import make_policy, make_prefetcher
 from .policies.prefetch import PREFETCHERS, Prefetcher
 
@@ -250,20 +251,30 @@ def spelling(system: System) -> str:
 
 
 def build_dispatcher(system: System, cost_model: CostModel | None) -> Dispatcher:
-    """The dispatch part, deciding from ``cost_model`` (the believed one)."""
+    """The dispatch part, deciding from ``cost_model`` (the believed one).
+
+    ``dispatch.calibrate=1`` (and its ``calibrate_*`` tuning, ``online_calibration.CALIBRATION_KNOBS``)
+    attaches an online calibrator that corrects the belief from what the run measures (the live
+    executor feeds it; replay strips these knobs and attaches its own, ``sim.replay.split_calibration``).
+    The knobs are validated whatever the dispatch; a ``copy`` dispatch reads no cost, so it is not calibrated.
+    """
     dk = system.part_knobs("dispatch")
-    unknown = set(dk) - {"reuse_copies", "reuse_min", "admit", "shared_dram"}
+    known = ("reuse_copies", "reuse_min", "admit", "shared_dram", *CALIBRATION_KNOBS)
+    unknown = set(dk) - set(known)
     if unknown:
-        raise ValueError(f"unknown dispatch knob(s): {', '.join(sorted(unknown))}; known: reuse_copies, reuse_min, "
-                         "admit, shared_dram")
+        raise ValueError(f"unknown dispatch knob(s): {', '.join(sorted(unknown))}; known: {', '.join(known)}")
     flags = {}
     for name in ("admit", "shared_dram"):
         v = dk.get(name, False)
         if not isinstance(v, (bool, int)) or v not in (0, 1):
             raise ValueError(f"dispatch knob {name}={v!r} is invalid: must be true or false")
         flags[name] = bool(v)
-    return Dispatcher.for_mode(system.dispatch, cost_model, reuse_copies=int(dk.get("reuse_copies", 2)),
-                               reuse_min=float(dk.get("reuse_min", 1.0)), **flags)
+    calibration = settings_from_knobs(dk)
+    d = Dispatcher.for_mode(system.dispatch, cost_model, reuse_copies=int(dk.get("reuse_copies", 2)),
+                            reuse_min=float(dk.get("reuse_min", 1.0)), **flags)
+    if calibration is not None and d.cpu_enabled:
+        d.enable_calibration(calibration)
+    return d
 
 
 def build_policy(system: System, num_layers: int, num_experts: int, knobs: Any = None):
