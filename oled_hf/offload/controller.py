@@ -37,6 +37,7 @@ from oled_hf.modeling.events import IterationEvent, IterationObserver
 from .allocation import AdaptiveAllocator, uniform_capacities
 from .costmodel import CostModel
 from .layer_plan import LayerPlan
+from .live_timing import CopyTimer
 from .planner import CacheState, SlotMove
 from .policies.base import as_numpy
 from .stats import CacheStats
@@ -104,6 +105,9 @@ class CacheController(IterationObserver):
         self.last_moves: list[SlotMove] = []
         self._deferred: deque[DeferredAccess] = deque()
         self.plan_timer: Callable[[int, float], None] | None = None  # (layer, seconds) of each deferred plan
+        # live copy intervals not read yet, for the dispatcher's online calibration (every layer's
+        # executor loads on the one copy stream; replay hands the dispatcher its times directly)
+        self.copy_timer = CopyTimer()
 
     @property
     def stats(self) -> CacheStats:
@@ -179,6 +183,7 @@ class CacheController(IterationObserver):
     def on_block_end(self, block_index: int, token_ids: Any) -> None:
         self.flush()
         self.policy.on_block_end(block_index, token_ids)
+        self.dispatcher.end_block()  # a calibrating dispatcher publishes its belief (replay does the same)
         self.last_moves = self.rebalance()
 
     def rebalance(self) -> list[SlotMove]:

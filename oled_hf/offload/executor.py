@@ -23,6 +23,12 @@ them, gate weights in one transfer: the one host sync of the layer), ask the con
 * the CPU-assigned misses as one grouped call on the host over the store's stacked layer buffer
   (concurrently with the device work when the device is a GPU).
 
+With online calibration (dispatch knob ``calibrate=1``, ``online_calibration``) every access hands
+the dispatcher what it measured, on the main thread in access order: the grouped CPU call's wall
+time and, on CUDA, the per-copy device time of earlier copies bracketed by timing events on the
+copy stream and read without blocking (``live_timing``; on a CPU device copies are not timed).
+Calibration changes only where later misses are served, never what an expert computes.
+
 Where the device has no grouped GEMM for the dtype, the planned path runs the per-expert loop.
 Every expert sees exactly the token rows the resident executor gives it (a stable sort by slot
 keeps each expert's pairs in pair order) and the same grouped kernel and combine
@@ -48,6 +54,7 @@ from ..modeling.experts import (
 )
 from .controller import DeferredAccess
 from .layer_plan import LayerPlan
+from .live_timing import copies_may_wait, record_end, record_start
 
 
 @dataclass
@@ -149,6 +156,8 @@ class OffloadedExpertsExecutor:
             torch.cuda.synchronize(cache.device)
         rt.timing["gpu"][self.moe_index] += time.perf_counter() - start
         rt.controller.flush(wait=False)  # earlier accesses whose routing has landed: plan them now
+        if rt.controller.dispatcher.calibrator is not None:  # one observation per access, as replay gives
+            rt.controller.dispatcher.observe(rt.controller.copy_timer.landed_seconds_per_copy(), None, None)
         return combine_expert_outputs(pairs, out, topk_weights, hidden_states.dtype)
 
     def _build_slot_map(self) -> SlotMap:
@@ -203,7 +212,7 @@ class OffloadedExpertsExecutor:
         flat = topk_ids.reshape(-1)
         per_pair = hidden_states.new_empty(flat.numel(), hidden_states.shape[-1])
 
-        cpu_job = cpu_pairs = None
+        cpu_job = cpu_pairs = cpu_s = None
         if plan.cpu:
             cpu_experts = sorted(plan.cpu)
             cpu_pairs, host_x, cpu_offs = self._cpu_inputs(cpu_experts, plan.counts, host_ids.reshape(-1),
@@ -211,14 +220,15 @@ class OffloadedExpertsExecutor:
             if rt.overlap_cpu:  # the CPU works while the device computes hits and copies
                 cpu_job = rt.cpu_pool().submit(self._cpu_experts, cpu_experts, host_x, cpu_offs)
             else:
-                per_pair[cpu_pairs] = self._cpu_experts(cpu_experts, host_x, cpu_offs).to(device)
+                out, cpu_s = self._cpu_experts(cpu_experts, host_x, cpu_offs)
+                per_pair[cpu_pairs] = out.to(device)
 
+        calibrating = rt.controller.dispatcher.calibrator is not None
         t, copying = clock(), 0.0
         for wave in waves:
             if wave.copies:
                 tc = clock()
-                for e, slot in zip(wave.experts.tolist(), wave.slots.tolist()):
-                    rt.cache.load(slot, layer, e)
+                self._load(list(zip(wave.experts.tolist(), wave.slots.tolist())), calibrating)
                 copying += clock() - tc
             if grouped:
                 self._device_wave(wave, flat, plan.counts, hidden_states, per_pair, k)
@@ -228,17 +238,31 @@ class OffloadedExpertsExecutor:
             torch.cuda.synchronize(rt.cache.device)
         if plan.background:  # reuse copies (planner rule 4): for the next access, nothing here reads them
             tc = clock()
-            for e, slot, _ in plan.background:
-                rt.cache.load(slot, layer, e)
+            self._load([(e, slot) for e, slot, _ in plan.background], calibrating)
             copying += clock() - tc
         rt.timing["copy"][layer] += copying
         rt.timing["gpu"][layer] += clock() - t - copying
 
         if cpu_job is not None:
             t = clock()
-            per_pair[cpu_pairs] = cpu_job.result().to(device)  # one transfer back
+            out, cpu_s = cpu_job.result()
+            per_pair[cpu_pairs] = out.to(device)  # one transfer back
             rt.timing["cpu_wait"][layer] += clock() - t
+        if calibrating:  # on the main thread after the CPU result: observations in access order
+            rt.controller.dispatcher.observe(rt.controller.copy_timer.landed_seconds_per_copy(),
+                                             plan.counts[sorted(plan.cpu)] if cpu_s is not None else None, cpu_s)
         return combine_pairs(per_pair, topk_weights, hidden_states.dtype)
+
+    def _load(self, copies: list[tuple[int, int]], timed: bool) -> None:
+        """Load ``(expert, slot)`` pairs of this layer; ``timed`` (calibrating, CUDA only): bracket them
+        with timing events on the copy stream unless it may wait for compute (``live_timing``)."""
+        cache = self.runtime.cache
+        slots = [slot for _, slot in copies]
+        start = record_start(cache.copy_stream) if timed and cache.cuda and not copies_may_wait(cache, slots) else None
+        for e, slot in copies:
+            cache.load(slot, self.moe_index, e)
+        if start is not None:
+            self.runtime.controller.copy_timer.add(record_end(start, cache.copy_stream, len(copies)))
 
     def _device_wave(self, wave: Wave, flat, counts: np.ndarray, hidden_states, per_pair, k: int) -> None:
         """One grouped SwiGLU over the slot range the wave touches; groups keyed by slot."""
@@ -273,8 +297,11 @@ class OffloadedExpertsExecutor:
         index = torch.from_numpy(pairs).to(hidden_states.device)
         return index, hidden_states[index // k].to("cpu"), offs
 
-    def _cpu_experts(self, experts: list[int], host_x: torch.Tensor, offs: np.ndarray) -> torch.Tensor:
-        """All CPU-assigned experts of the layer: one grouped call over the store's layer buffer."""
+    def _cpu_experts(self, experts: list[int], host_x: torch.Tensor, offs: np.ndarray) -> tuple[torch.Tensor, float]:
+        """All CPU-assigned experts of the layer: one grouped call over the store's layer buffer.
+
+        Returns the output and the call's wall time (seconds), which a calibrating dispatcher observes.
+        """
         rt = self.runtime
         start = time.perf_counter()
         views = rt.store.grouped_views(self.moe_index)
@@ -288,8 +315,9 @@ class OffloadedExpertsExecutor:
             bounds = np.concatenate(([0], offs)).tolist()
             for e, a, b in zip(experts, bounds[:-1], bounds[1:]):
                 out[a:b] = swiglu_expert(host_x[a:b], *rt.store.weights(self.moe_index, e))
-        rt.timing["cpu"][self.moe_index] += time.perf_counter() - start
-        return out
+        elapsed = time.perf_counter() - start
+        rt.timing["cpu"][self.moe_index] += elapsed
+        return out, elapsed
 
 
 def make_cpu_pool() -> ThreadPoolExecutor:
