@@ -1,9 +1,18 @@
 """Online calibration on the live path (issue 36.3): the dispatch knobs, the CPU and copy hooks, lossless."""
 
-import pytest
+import math
 
+import numpy as np
+import pytest
+import torch
+from oled_hf.modeling import OledLLaDA2ForDiffusionLM
+
+from oled_hf import OffloadConfig
+from oled_hf.offload import executor as executor_module
 from oled_hf.offload.costmodel import CostModel
-from oled_hf.offload.online_calibration import CalibrationSettings
+from oled_hf.offload.executor import OffloadedExpertsExecutor
+from oled_hf.offload.live_timing import MAX_PENDING, CopyInterval, CopyTimer, copies_may_wait
+from oled_hf.offload.online_calibration import CalibrationSettings, OnlineCalibrator
 from oled_hf.offload.system import build_dispatcher, parse_system
 
 CM = CostModel.h200_pcie5(2048, 512)
@@ -33,3 +42,184 @@ def test_bad_calibration_knobs_are_refused_in_one_line(knobs, match, system):
     with pytest.raises(ValueError, match=match) as err:
         build_dispatcher(parse_system(system).with_knobs(**knobs), CM)
     assert "\n" not in str(err.value)
+
+
+# ---------------------------------------------------------------------- live generate on the CPU
+PROMPT = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])
+GEN = dict(max_new_tokens=24, block_length=8)
+SHORT = dict(max_new_tokens=16, block_length=8)  # the worker-thread path is slow on a shared machine
+# CPU compute forced on beside the CPU "device", copies believed so slow that misses run on the CPU
+LIVE = dict(cache_size=4, system="oled", cpu_compute="on", h2d_bandwidth_gbps=1e-3)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model):
+    return tiny_model.generate(PROMPT, **GEN)
+
+
+@pytest.fixture(scope="module")
+def short_reference(tiny_model):
+    return tiny_model.generate(PROMPT, **SHORT)
+
+
+def _calibrating(path, believed=None, overlap=False):
+    """A live offloaded model whose dispatcher is built from ``dispatch.calibrate=1`` (``believed``:
+    its starting belief, default the runtime's cost model); every observation it gets is recorded."""
+    model = OledLLaDA2ForDiffusionLM.from_pretrained(path, offload_config=OffloadConfig(**LIVE)).eval()
+    rt = model._offload_runtime
+    rt.overlap_cpu = overlap  # True: the CPU experts run in the pool's worker thread, as beside a GPU
+    system = rt.controller.system.with_knobs(dispatch__calibrate=1)
+    d = build_dispatcher(system, believed if believed is not None else rt.cost_model)
+    seen, observe = [], d.observe
+
+    def spy(copy_s, tokens, batch_s):
+        seen.append((copy_s, None if tokens is None else np.array(tokens), batch_s))
+        observe(copy_s, tokens, batch_s)
+
+    d.observe = spy
+    rt.controller.dispatcher = d
+    return model, d, seen
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_live_calibration_observes_every_access_and_keeps_tokens(tiny_path, reference, short_reference, overlap):
+    model, d, seen = _calibrating(tiny_path, overlap=overlap)
+    gen, want = (SHORT, short_reference) if overlap else (GEN, reference)
+    assert torch.equal(model.generate(PROMPT, **gen), want)  # decisions move, outputs never do
+    rt, cal = model._offload_runtime, d.calibrator
+    assert len(seen) == cal.accesses == rt.forwards * rt.num_layers  # one observation per layer access
+    cpu = [(t, s) for _, t, s in seen if s is not None]
+    assert cal.cpu_samples == len(cpu) > 0 and all(s > 0 for _, s in cpu)
+    # every CPU batch is observed, with its tokens
+    assert sum(int(t.sum()) for t, _ in cpu) == model.offload_stats()["total"]["cpu_expert_tokens"]
+    assert all(c is None for c, _, _ in seen) and cal.copy_samples == 0  # a CPU device times no copies
+    # the calibrator's state is exactly the recorded measurements fed in order (deterministic)
+    again = OnlineCalibrator(cal.base, cal.settings)
+    for t, s in cpu:
+        again.observe_cpu(t, s)
+    assert again.scales == cal.scales and d.cost_model is cal.belief
+
+
+def test_live_cpu_scale_moves_from_a_2x_wrong_belief_toward_the_measured_one(tiny_path, reference):
+    # first generate: what this machine's CPU batches measure (the calibrated belief), under load as it is
+    model, d, _ = _calibrating(tiny_path)
+    model.generate(PROMPT, **GEN)
+    measured = d.calibrator.calibrated()
+    # then a dispatcher that believes the CPU twice as slow as measured; it must learn about 0.5
+    rt = model._offload_runtime
+    wrong = build_dispatcher(rt.controller.system.with_knobs(dispatch__calibrate=1), measured.believed(cpu_scale=0.5))
+    rt.controller.dispatcher = wrong
+    assert torch.equal(model.generate(PROMPT, **GEN), reference)
+    cal = wrong.calibrator
+    assert cal.cpu_samples >= cal.settings.min_samples
+    scale = math.sqrt(cal.scales["cpu_fixed"] * cal.scales["cpu_token"])
+    assert 0.25 < scale < 0.85, cal.scales  # started at 1 (the wrong belief), truth about 0.5
+    assert wrong.cost_model.cpu_overhead_s < 0.85 * cal.base.cpu_overhead_s  # decisions read the corrected belief
+
+
+def test_block_end_publishes_the_calibrated_belief(tiny_path):
+    model, d, _ = _calibrating(tiny_path)
+    d.calibrator.settings = CalibrationSettings(every=10**6, min_samples=1)  # no rebuild between block ends
+    published = []
+    end_block = d.end_block
+
+    def spy():
+        end_block()
+        published.append(d.cost_model)
+
+    d.end_block = spy
+    model.generate(PROMPT, **GEN)
+    assert len(published) == GEN["max_new_tokens"] // GEN["block_length"]  # once per block
+    assert published[-1] is d.calibrator.belief and published[-1] == d.calibrator.calibrated()
+
+
+def test_calibration_is_off_by_default(tiny_path):
+    model = OledLLaDA2ForDiffusionLM.from_pretrained(tiny_path, offload_config=OffloadConfig(**LIVE)).eval()
+    assert model._offload_runtime.controller.dispatcher.calibrator is None
+
+
+# ---------------------------------------------------------------------- the CUDA-event path, with fakes
+class FakeEvent:
+    """A timing event: ``t`` ms after some origin, completed or not."""
+
+    def __init__(self, t: float = 0.0, done: bool = True):
+        self.t, self.done = t, done
+
+    def query(self) -> bool:
+        return self.done
+
+    def elapsed_time(self, end: "FakeEvent") -> float:
+        assert self.done and end.done, "read before completion"
+        return end.t - self.t
+
+
+def test_copy_intervals_are_read_without_blocking_oldest_first():
+    timer = CopyTimer()
+    assert timer.landed_seconds_per_copy() is None
+    timer.add(CopyInterval(FakeEvent(0.0), FakeEvent(2.0), 4))  # 0.5 ms per copy
+    timer.add(CopyInterval(FakeEvent(3.0), FakeEvent(4.0), 1))  # 1 ms
+    late = FakeEvent(9.0, done=False)
+    timer.add(CopyInterval(FakeEvent(5.0), late, 2))
+    timer.add(CopyInterval(FakeEvent(9.0), FakeEvent(10.0), 2))  # behind the unfinished one: not read yet
+    assert timer.landed_seconds_per_copy() == pytest.approx(3.0e-3 / 5)  # the two landed ones, per copy
+    assert len(timer.pending) == 2 and timer.landed_seconds_per_copy() is None  # nothing waited for
+    late.done = True
+    assert timer.landed_seconds_per_copy() == pytest.approx(5.0e-3 / 4)
+    assert not timer.pending
+
+
+def test_copy_timer_ignores_empty_intervals_and_bounds_what_it_keeps():
+    timer = CopyTimer()
+    timer.add(CopyInterval(FakeEvent(), FakeEvent(1.0), 0))
+    assert not timer.pending
+    for i in range(MAX_PENDING + 5):
+        timer.add(CopyInterval(FakeEvent(float(i)), FakeEvent(float(i), done=False), 1))
+    assert len(timer.pending) == MAX_PENDING and timer.pending[0].start.t == 5.0  # the oldest dropped
+
+
+class FakeCache:
+    """What ExpertCache the executor's timed load reads: in-use events, the copy stream, load()."""
+
+    cuda = True
+
+    def __init__(self, in_use=None, in_use_ranges=None):
+        self.in_use, self.in_use_ranges = dict(in_use or {}), dict(in_use_ranges or {})
+        self.copy_stream = "copy-stream"
+        self.loaded = []
+
+    def load(self, slot, layer, expert):
+        self.in_use.pop(slot, None)
+        self.loaded.append((slot, layer, expert))
+
+
+def test_copies_may_wait_only_on_unfinished_compute():
+    busy, idle = FakeEvent(done=False), FakeEvent()
+    cache = FakeCache(in_use={1: idle, 2: busy}, in_use_ranges={(10, 14): busy, (20, 24): idle})
+    assert not copies_may_wait(cache, [0, 1, 5, 21])  # no event, or its compute has finished
+    assert copies_may_wait(cache, [0, 2])
+    assert copies_may_wait(cache, [12])
+
+
+def test_executor_times_a_run_of_loads_unless_it_may_wait_on_compute(monkeypatch):
+    clock = iter(range(100))
+    monkeypatch.setattr(executor_module, "record_start", lambda stream: FakeEvent(float(next(clock))))
+    monkeypatch.setattr(executor_module, "record_end",
+                        lambda start, stream, n: CopyInterval(start, FakeEvent(float(next(clock))), n))
+
+    class Runtime:
+        cache = FakeCache(in_use_ranges={(4, 6): FakeEvent(done=False)})
+
+        class controller:
+            copy_timer = CopyTimer()
+
+    ex = OffloadedExpertsExecutor(Runtime, moe_index=3)
+    ex._load([(7, 0), (8, 1)], timed=True)
+    assert Runtime.cache.loaded == [(0, 3, 7), (1, 3, 8)]
+    assert [iv.copies for iv in Runtime.controller.copy_timer.pending] == [2]
+    ex._load([(9, 5)], timed=True)  # slot 5: a queued kernel may still read it, the interval would time it
+    ex._load([(9, 2)], timed=False)  # not calibrating: no events at all
+    assert len(Runtime.controller.copy_timer.pending) == 1 and len(Runtime.cache.loaded) == 4
+    assert Runtime.controller.copy_timer.landed_seconds_per_copy() == pytest.approx(0.5e-3)
+    Runtime.cache.cuda = False  # a CPU device: copies are synchronous memcpys, never timed
+    ex._load([(1, 2)], timed=True)
+    assert not Runtime.controller.copy_timer.pending
