@@ -1,23 +1,27 @@
 """The expert-cache budget flags, ``--cache-size`` / ``--cache-ratio`` / ``--max-gpu-memory`` /
 ``--gpu-memory-utilization``, for every command that loads an offloaded model.
 
-One registration (:func:`add_budget_arguments`) and one reader (:func:`budget_choices`) so that
-``serve``, ``chat`` and ``benchmark`` spell, check and explain them alike: ``--cache-ratio`` takes a
-fraction or ``auto`` (sized from free GPU memory), ``--max-gpu-memory`` a size as accelerate's
-``max_memory`` takes it (``20GiB``, ``20GB``, ``500MiB`` or bytes), ``--gpu-memory-utilization``
-vLLM's fraction of the GPU's memory the process may use for weights, activations/KV and the expert
-cache (it sizes the cache as ``--cache-ratio auto`` does, which it implies). A typo is an argparse
-error naming the flag; a value out of range is a one-line error naming the flag, raised by
-:func:`budget_choices` before any model loads (``OffloadConfig`` checks the same ranges again, by
+One registration (:func:`add_budget_arguments`) and one reader (:func:`budget_fields`, through
+:func:`budget_choices` for flags) so that ``serve``, ``chat``, ``benchmark``, ``demo``, ``eval``
+and lm-eval's ``--model_args`` (``cache_ratio=auto``, ``max_gpu_memory=20GiB``,
+``gpu_memory_utilization=0.85``: ``evaluation/lm_eval_adapter``) spell, check and explain them
+alike: ``--cache-ratio`` takes a fraction or ``auto`` (sized from free GPU memory),
+``--max-gpu-memory`` a size as accelerate's ``max_memory`` takes it (``20GiB``, ``20GB``,
+``500MiB`` or bytes; a byte cap, so any device), ``--gpu-memory-utilization`` vLLM's fraction of
+the GPU's memory the process may use for weights, activations/KV and the expert cache (it sizes
+the cache as ``--cache-ratio auto`` does, which it implies). A typo is an argparse error naming
+the flag; a value out of range is a one-line error naming the flag (or field), raised by
+:func:`budget_fields` before any model loads (``OffloadConfig`` checks the same ranges again, by
 field name, for Python callers).
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
+from numbers import Integral, Real
 from typing import Any
 
-BUDGET_FLAGS = ("--cache-size", "--cache-ratio", "--max-gpu-memory")
 UTILIZATION_FLAG = "--gpu-memory-utilization"  # a budget too: --cache-ratio auto with this fraction
 ANY_BUDGET = "--cache-size, --cache-ratio, --max-gpu-memory or --gpu-memory-utilization"
 
@@ -72,52 +76,100 @@ def add_budget_arguments(p: argparse.ArgumentParser, *, several_sizes: bool = Fa
                         "max_position_embeddings)")
 
 
+@dataclass(frozen=True)
+class Spelling:
+    """How the user wrote the budget, so each error names what they typed: command-line flags
+    (``--cache-ratio 0``) or lm-eval's ``--model_args`` fields (``cache_ratio=0``)."""
+
+    flags: bool = True
+
+    def name(self, field: str) -> str:
+        return "--" + field.replace("_", "-") if self.flags else field
+
+    def given(self, field: str, value: Any) -> str:
+        text = format(value, "g") if isinstance(value, float) else str(value)
+        return f"{self.name(field)} {text}" if self.flags else f"{field}={text}"
+
+
+FLAGS, MODEL_ARGS = Spelling(flags=True), Spelling(flags=False)
+BUDGET_FIELDS = ("cache_size", "cache_ratio", "max_gpu_memory")  # OffloadConfig takes exactly one
+BUDGET_KEYS = (*BUDGET_FIELDS, "gpu_memory_utilization", "auto_batch_size", "auto_context_length")
+
+
 def budget_choices(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The ``OffloadConfig`` budget fields each given flag asks for ([] = no offloading).
 
-    More than one of the budgets is refused (naming the flags), as ``OffloadConfig`` refuses more
-    than one; ``--cache-size`` with several values gives one entry each. ``--gpu-memory-utilization``
-    alone means ``--cache-ratio auto`` with that fraction; beside a fixed budget it would be ignored
-    (only ``auto`` reads it), so that is refused too. Ranges are checked here, naming the flag, so
-    that a bad value is one line before any model loads.
+    ``--auto-batch-size`` / ``--auto-context-length`` default to the command's own
+    ``--max-batch-size`` / ``--max-model-len`` where it has them; the rest is :func:`budget_fields`.
     """
-    given = [flag for flag in BUDGET_FLAGS if getattr(args, flag[2:].replace("-", "_"), None) is not None]
+    values = {key: getattr(args, key, None) for key in (*BUDGET_FIELDS, "gpu_memory_utilization")}
+    return budget_fields({**values, "auto_batch_size": _auto_batch_size(args),
+                          "auto_context_length": _auto_context(args)}, FLAGS)
+
+
+def budget_fields(values: dict[str, Any], spell: Spelling = FLAGS) -> list[dict[str, Any]]:
+    """The one reader of a budget (flags or lm-eval model_args alike): ``OffloadConfig`` fields per budget.
+
+    More than one of the budgets is refused (naming them), as ``OffloadConfig`` refuses more than
+    one; a list of ``cache_size`` values gives one entry each. ``gpu_memory_utilization`` alone
+    means ``cache_ratio="auto"`` with that fraction (vLLM's meaning); beside a fixed budget it
+    would be ignored (only ``auto`` reads it), so that is refused too. Ranges are checked here,
+    named as ``spell`` writes them, so that a bad value is one line before any model loads.
+    """
+    given = [key for key in BUDGET_FIELDS if values.get(key) is not None]
     if len(given) > 1:
-        raise ValueError(f"give one of --cache-size, --cache-ratio or --max-gpu-memory, not {' and '.join(given)}")
-    utilization = getattr(args, "gpu_memory_utilization", None)
+        names = [spell.name(key) for key in BUDGET_FIELDS]
+        raise ValueError(f"give one of {names[0]}, {names[1]} or {names[2]}, "
+                         f"not {' and '.join(spell.name(key) for key in given)}")
+    utilization = values.get("gpu_memory_utilization")
     if utilization is not None:
-        if given and (given[0] != "--cache-ratio" or args.cache_ratio != "auto"):
-            raise ValueError(f"{UTILIZATION_FLAG} {utilization:g} sizes the expert cache from the device (as "
-                             f"--cache-ratio auto does), so it cannot be combined with {given[0]}: give one of them")
-        if not 0.0 < utilization <= 1.0:
-            raise ValueError(f"{UTILIZATION_FLAG} {utilization:g} is invalid: must be more than 0 and at most 1 "
+        said = spell.given("gpu_memory_utilization", utilization)
+        if given and (given[0] != "cache_ratio" or values["cache_ratio"] != "auto"):
+            raise ValueError(f"{said} sizes the expert cache from the device (as {spell.given('cache_ratio', 'auto')} "
+                             f"does), so it cannot be combined with {spell.name(given[0])}: give one of them")
+        if not _is_real(utilization) or not 0.0 < utilization <= 1.0:
+            raise ValueError(f"{said} is invalid: must be more than 0 and at most 1 "
                              "(the fraction of the GPU's memory this process may use)")
-    _check_ranges(args)
-    extra: dict[str, Any] = {"auto_batch_size": _auto_batch_size(args), "auto_context_length": _auto_context(args)}
-    if args.cache_size is not None:
-        sizes = args.cache_size if isinstance(args.cache_size, list) else [args.cache_size]
-        return [{"cache_size": size, **extra} for size in sizes]
+    _check_ranges(values, spell)
+    extra = {"auto_batch_size": values.get("auto_batch_size") or 1,
+             "auto_context_length": values.get("auto_context_length")}
+    sizes = values.get("cache_size")
+    if sizes is not None:
+        return [{"cache_size": size, **extra} for size in (sizes if isinstance(sizes, list) else [sizes])]
     if utilization is not None:
         return [{"cache_ratio": "auto", "gpu_memory_utilization": utilization, **extra}]
-    if args.cache_ratio is not None:
-        return [{"cache_ratio": args.cache_ratio, **extra}]
-    if args.max_gpu_memory is not None:
-        return [{"max_gpu_memory": args.max_gpu_memory, **extra}]
-    return []
+    return [{key: values[key], **extra} for key in given]
 
 
-def _check_ranges(args: argparse.Namespace) -> None:
-    sizes = args.cache_size if isinstance(args.cache_size, list) else [args.cache_size]
-    bad = next((s for s in sizes if s is not None and s < 1), None)
-    if bad is not None:
-        raise ValueError(f"--cache-size {bad} is invalid: must be at least 1 expert slot per MoE layer")
-    ratio = args.cache_ratio
-    if ratio is not None and ratio != "auto" and not 0.0 < ratio <= 1.0:
-        raise ValueError(f"--cache-ratio {ratio:g} is invalid: must be more than 0 and at most 1, or auto")
-    for flag in ("--auto-batch-size", "--auto-context-length"):
-        value = getattr(args, flag[2:].replace("-", "_"), None)
-        if value is not None and value < 1:
-            raise ValueError(f"{flag} {value} is invalid: must be at least 1")
+def budget_name(budget: dict[str, Any]) -> str:
+    """``cache ratio 0.4``, ``max gpu memory 20GiB``, ``cache ratio auto (gpu memory utilization 0.85)``."""
+    key = next(k for k in BUDGET_FIELDS if budget.get(k) is not None)
+    utilization = budget.get("gpu_memory_utilization")
+    return f"{key.replace('_', ' ')} {budget[key]}" + (
+        f" (gpu memory utilization {utilization:g})" if utilization is not None else "")
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool)
+
+
+def _check_ranges(values: dict[str, Any], spell: Spelling) -> None:
+    sizes = values.get("cache_size")
+    for size in sizes if isinstance(sizes, list) else [sizes]:
+        if size is not None and (not isinstance(size, Integral) or isinstance(size, bool) or size < 1):
+            raise ValueError(f"{spell.given('cache_size', size)} is invalid: must be at least 1 expert slot per "
+                             "MoE layer")
+    ratio = values.get("cache_ratio")
+    if ratio is not None and ratio != "auto" and (not _is_real(ratio) or not 0.0 < ratio <= 1.0):
+        raise ValueError(f"{spell.given('cache_ratio', ratio)} is invalid: must be more than 0 and at most 1, or auto")
+    if values.get("max_gpu_memory") is not None:
+        from ..offload.budget import parse_memory
+
+        parse_memory(values["max_gpu_memory"], spell.name("max_gpu_memory"))
+    for key in ("auto_batch_size", "auto_context_length"):
+        value = values.get(key)
+        if value is not None and (not isinstance(value, Integral) or isinstance(value, bool) or value < 1):
+            raise ValueError(f"{spell.given(key, value)} is invalid: must be at least 1")
 
 
 def _auto_batch_size(args: argparse.Namespace) -> int:

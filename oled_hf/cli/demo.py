@@ -14,7 +14,7 @@ import json
 import time
 from pathlib import Path
 
-from .budget import cache_ratio_arg, check_budget_device
+from .budget import add_budget_arguments, budget_choices, budget_name, check_budget_device
 from .common import (
     MODEL_HELP,
     add_device_argument,
@@ -40,6 +40,7 @@ from .demo_report import (
 )
 
 DEFAULT_PROMPTS = ["What is 123+456?", "Tell me about the sea."]
+DEFAULT_CACHE_RATIO = 0.4  # the budget without a budget flag: 40% of routed-expert bytes on the device
 WARMUP_RUNS = 1  # untimed round-robin passes before the timed ones (their one-off costs would be outliers)
 CPU_TIMES_NOTE = ("  on a CPU the offloaded runs are not expected to be faster: host and device are the same "
                   "memory,\n  so a copy saves nothing; the point is the device memory above")
@@ -62,9 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="diffusion block length (default: the checkpoint's generation_config)")
     p.add_argument("--threshold", type=float, default=None,
                    help="confidence threshold to commit a token (default: the checkpoint's generation_config)")
-    p.add_argument("--cache-ratio", type=cache_ratio_arg, default=0.4,
-                   help="fraction of routed-expert bytes on the device, or 'auto': as many slots as free GPU "
-                        "memory holds (CUDA only)")
+    add_budget_arguments(p, default=f"--cache-ratio {DEFAULT_CACHE_RATIO}")  # the budget oled and lru-full share
     p.add_argument("--runs", type=int, default=3, help="timed passes over the prompts, systems taking turns")
     p.set_defaults(func=demo)
 
@@ -197,22 +196,23 @@ def demo(args: argparse.Namespace) -> int:
     # never created here: a folder the user named is only read
     path = resolve_model(args.model if args.model is not None else default_demo_model())
     device = resolve_device(args.device)
-    check_budget_device([{"cache_ratio": args.cache_ratio}], device)
+    budget = (budget_choices(args) or [{"cache_ratio": DEFAULT_CACHE_RATIO}])[0]
+    check_budget_device([budget], device)
     prompts, left_out = (args.prompt, None) if args.prompt else default_prompts(path, args)
     tok = load_tokenizer(path)
     load = dict(device_map=device)
     resident = AutoModelForCausalLM.from_pretrained(path, **load).eval()
     load_tokenizer(path, model=resident)  # checks the pair once the model's vocabulary is known
     oled = AutoModelForCausalLM.from_pretrained(
-        path, offload_config=oled_hf.OffloadConfig(cache_ratio=args.cache_ratio, policy="oled"), **load).eval()
+        path, offload_config=oled_hf.OffloadConfig(**budget, policy="oled"), **load).eval()
     stats = oled.offload_stats()
-    # the very slots oled got (cache_ratio "auto" is sized once: a second sizing would see less free memory)
+    # the very slots oled got (a budget sized from the device is sized once: a second sizing would see less free)
     same = oled_hf.OffloadConfig(cache_ratio=stats["total_slots"] / (len(stats["layers"]) * oled.config.num_experts),
                                  system="lru-full")
     lru = AutoModelForCausalLM.from_pretrained(path, offload_config=same, **load).eval()
     systems = [Live("resident", resident), Live("oled", oled), Live("lru-full", lru)]
     print(f"model: {path} ({type(oled).__name__}, {oled.num_parameters() / 1e6:.2f}M parameters), on {device}")
-    print(budget_line(args.cache_ratio, stats, oled.config.num_experts))
+    print(budget_line(budget_name(budget), stats, oled.config.num_experts))
     print(TERMS)
     print(memory_table(routed_expert_bytes(resident), stats))
     if left_out:

@@ -100,8 +100,9 @@ def even_split(total_slots: int, num_layers: int) -> list[int]:
     return [base + (i < extra) for i in range(num_layers)]
 
 
-def budget_line(cache_ratio, stats: dict, num_experts: int) -> str:
-    """The budget in whole slots: per layer (range), in all, and as a share of every routed expert.
+def budget_line(asked: str, stats: dict, num_experts: int) -> str:
+    """The budget as asked (``cache ratio 0.4``: ``budget.budget_name``) in whole slots: per layer
+    (range), in all, and as a share of every routed expert.
 
     With the ``adaptive`` allocation (oled's and lru-full's) slots then move between layers, so
     the live table's row, read after the first pass, may show a wider range; the line says so.
@@ -109,7 +110,7 @@ def budget_line(cache_ratio, stats: dict, num_experts: int) -> str:
     capacities = [int(layer["capacity"]) for layer in stats["layers"]]
     share = stats["total_slots"] / (len(capacities) * num_experts)
     moves = stats.get("system", "").endswith("+adaptive")
-    return (f"budget: cache ratio {cache_ratio}: {slot_range(capacities)} expert slots per MoE layer of its "
+    return (f"budget: {asked}: {slot_range(capacities)} expert slots per MoE layer of its "
             f"{num_experts} experts ({stats['total_slots']} slots over {len(capacities)} MoE layers, {share:.1%})"
             + ("; the allocation then moves slots to the layers that miss most" if moves else ""))
 

@@ -2,6 +2,10 @@
 
     oled-moe eval --model M --tasks toy_addition,toy_addition_mc [--model-args cache_size=20,policy=oled]
                   [--limit N] [--batch-size B] [--output-path P] [--device auto|cpu|cuda[:N]]
+                  [--cache-size N | --cache-ratio R|auto | --max-gpu-memory SIZE | --gpu-memory-utilization F]
+
+The budget flags are serve's (the same words work in --model-args: cache_ratio=auto, ...); with
+auto, KV is reserved for --batch-size sequences of the model's max_length.
 
 lm-eval's spellings work too (--model_args pretrained=M,cache_size=20 --batch_size 4 --num_fewshot 0
 --include_path DIR ...; --model oled_llada2 is accepted and means the model given by pretrained=).
@@ -20,6 +24,7 @@ from pathlib import Path
 
 from ..fileio import check_new_file, check_new_files, write_text_atomically
 from ..progress import add_quiet_argument
+from .budget import BUDGET_KEYS, add_budget_arguments, budget_choices
 from .common import add_device_argument, add_model_argument, resolve_device, resolve_model
 
 # lm-eval's name for the model this command always runs; ``--model oled_llada2`` (lm-eval's spelling,
@@ -57,6 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--log-samples", "--log_samples", action="store_true",
                    help="keep per-example outputs in --output-path")
     add_device_argument(p)
+    add_budget_arguments(p, default="off, unless --model-args names a budget")
     p.add_argument("--seed", type=int, default=0, help="lm-eval's python/numpy/torch/few-shot seeds")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     add_quiet_argument(p)
@@ -102,6 +108,9 @@ def run(args: argparse.Namespace) -> int:
     if not tasks:
         raise ValueError("--tasks is empty")
     model_args = parse_model_args(args.model_args)
+    flags = flag_budget(args, model_args)
+    model_args.update(flags)
+    shown = ",".join([*filter(None, [args.model_args]), *(f"{k}={v}" for k, v in flags.items())])
     model = evaluated_model(args.model, model_args)
     if args.output_path:  # refused now, not after the evaluation
         check_output_path(Path(args.output_path), args.overwrite)
@@ -123,8 +132,8 @@ def run(args: argparse.Namespace) -> int:
                        gen_kwargs=args.gen_kwargs, apply_chat_template=args.apply_chat_template,
                        log_samples=args.log_samples, seed=args.seed, quiet=args.quiet)
     elapsed = time.perf_counter() - start
-    results["config"]["model_args"] = args.model_args
-    print(f"oled_llada2 ({model}), model_args: {args.model_args or '-'}, device: {model_args['device']}, "
+    results["config"]["model_args"] = shown
+    print(f"oled_llada2 ({model}), model_args: {shown or '-'}, device: {model_args['device']}, "
           f"limit: {limit}, batch size: {batch_size}, {elapsed:.1f} s")
     print(make_table(results))
     if results.get("groups"):
@@ -136,6 +145,25 @@ def run(args: argparse.Namespace) -> int:
         path = _write(results, Path(args.output_path), model)
         print(f"results written to {path}")
     return 0
+
+
+def flag_budget(args: argparse.Namespace, model_args: dict) -> dict:
+    """The budget flags as model_args fields (checked by ``budget_choices``; {} when none is given).
+
+    Given both as a flag and in --model-args, the budget is refused rather than one silently
+    winning. ``auto_batch_size`` / ``auto_context_length`` pass only when given, so the adapter's
+    defaults (``batch_size``, ``max_length``) hold as they do for --model-args cache_ratio=auto.
+    """
+    budgets = budget_choices(args)
+    if not budgets:
+        return {}
+    fields = {k: v for k, v in budgets[0].items() if not k.startswith("auto_") or getattr(args, k) is not None}
+    typed = next((k for k in BUDGET_KEYS if k in model_args and (k in fields or not k.startswith("auto_"))), None)
+    if typed is not None:
+        flag = next(f"--{k.replace('_', '-')}" for k in BUDGET_KEYS if getattr(args, k, None) is not None)
+        raise ValueError(f"the budget is given twice, as {flag} and as --model-args {typed}={model_args[typed]}: "
+                         "give it once")
+    return fields
 
 
 def check_output_path(out: Path, overwrite: bool) -> None:

@@ -19,10 +19,13 @@ Model arguments (``--model-args k=v,...``), besides HFLM's (``pretrained``, ``ba
   (``block``/``full``), ``mc_batch_size`` (rows per forward, default ``(mc_num + 1) * batch_size``:
   ``batch_size`` requests of equal shape share one forward; samples are drawn per request, so
   results do not depend on this packing and no divisibility is required);
-* offloading: ``cache_size`` or ``cache_ratio`` turns it on; any other ``OffloadConfig`` field
-  (``policy``, ``cpu_compute``, ``store``, ``calibrate``, ``layer_adaptive``, ``tide_interval``,
-  ...) may follow. ``offload_stats()`` returns the cache statistics; ``oled-moe eval`` prints them
-  and stores them in the results under ``config.offload``.
+* offloading: a budget turns it on, spelled as ``oled-moe serve``'s flags: ``cache_size=N``,
+  ``cache_ratio=R`` or ``cache_ratio=auto``, ``max_gpu_memory=20GiB``, or ``gpu_memory_utilization=F``
+  (vLLM's meaning; implies ``auto``, which reserves KV for ``batch_size`` x ``max_length`` unless
+  ``auto_batch_size`` / ``auto_context_length`` are given), read by :func:`resolve_offload`; any
+  other ``OffloadConfig`` field (``policy``, ``cpu_compute``, ``store``, ``calibrate``,
+  ``layer_adaptive``, ``tide_interval``, ...) may follow. ``offload_stats()`` returns the cache
+  statistics; ``oled-moe eval`` prints them and stores them in the results under ``config.offload``.
 """
 
 from __future__ import annotations
@@ -58,8 +61,48 @@ def split_offload_args(kwargs: dict) -> tuple[dict, dict]:
     return offload, rest
 
 
-def load_model(pretrained: str, *, device: str | None = None, dtype="auto", offload: dict | None = None):
-    """Model (``eval()``) and tokenizer; ``offload`` kwargs build an ``OffloadConfig`` when they name a budget."""
+def resolve_offload(offload: dict, device: str, batch_size: int, max_length: int | None) -> dict:
+    """The model_args' ``OffloadConfig`` fields with the budget read as the CLI reads its flags.
+
+    Through ``cli.budget.budget_fields`` (the one reader), errors naming the field as typed
+    (``cache_ratio=0 is invalid: ...``): ``gpu_memory_utilization=F`` alone means
+    ``cache_ratio=auto`` with F (vLLM's meaning) and is refused beside a fixed budget; ``auto``
+    reserves KV for ``batch_size`` sequences of ``max_length`` tokens unless ``auto_batch_size`` /
+    ``auto_context_length`` say otherwise, and is refused before loading where ``device`` has no
+    CUDA. Idempotent; ``{}`` (no offloading) stays ``{}``.
+    """
+    from ..cli.budget import MODEL_ARGS, budget_fields, check_budget_device
+
+    if not offload:
+        return {}
+    budgets = budget_fields({"auto_batch_size": batch_size, "auto_context_length": max_length, **offload}, MODEL_ARGS)
+    if not budgets:
+        raise ValueError(
+            f"offload options {sorted(offload)} need a budget: add cache_size=N (slots per MoE layer), "
+            "cache_ratio=R (fraction of routed-expert bytes; cache_ratio=auto sizes it from free GPU memory), "
+            "max_gpu_memory=20GiB or gpu_memory_utilization=F (cache_ratio=auto keeping 1 - F of the GPU free) "
+            "to --model-args"
+        )
+    check_budget_device(budgets, device)
+    budget = budgets[0]
+    if budget.get("cache_ratio") != "auto":  # the auto_* fields mean nothing to a fixed budget: keep them as given
+        budget = {k: v for k, v in budget.items() if not k.startswith("auto_") or k in offload}
+    return {**offload, **budget}
+
+
+def offload_device(device: str | None) -> str:
+    """The device the model loads on: ``device``, the CPU for cuda without CUDA (with a warning), else the best."""
+    if device and device.startswith("cuda") and not torch.cuda.is_available():
+        logger.warning("device=%s requested but CUDA is not available (lm-eval's CLI asks for cuda by default); "
+                       "using the CPU", device)
+        return "cpu"
+    return device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def load_model(pretrained: str, *, device: str | None = None, dtype="auto", offload: dict | None = None,
+               batch_size: int = 1, max_length: int | None = None):
+    """Model (``eval()``) and tokenizer; ``offload`` kwargs build an ``OffloadConfig`` when they name a budget
+    (read by :func:`resolve_offload`, before anything loads)."""
     from transformers import AutoModelForCausalLM
 
     import oled_hf
@@ -67,20 +110,10 @@ def load_model(pretrained: str, *, device: str | None = None, dtype="auto", offl
     from ..checkpoints.tokenizer import load_tokenizer
 
     kwargs: dict = {"dtype": _dtype(dtype)}
-    offload = dict(offload or {})
+    device = offload_device(device)
+    offload = resolve_offload(dict(offload or {}), device, batch_size, max_length)
     if offload:
-        if all(offload.get(k) is None for k in ("cache_size", "cache_ratio", "max_gpu_memory")):
-            raise ValueError(
-                f"offload options {sorted(offload)} need a budget: add cache_size=N (slots per MoE layer), "
-                "cache_ratio=R (fraction of routed-expert bytes; cache_ratio=auto sizes it from free GPU memory) "
-                "or max_gpu_memory=20GiB to --model-args"
-            )
         kwargs["offload_config"] = oled_hf.OffloadConfig(**offload)
-    if device and device.startswith("cuda") and not torch.cuda.is_available():
-        logger.warning("device=%s requested but CUDA is not available (lm-eval's CLI asks for cuda by default); "
-                       "using the CPU", device)
-        device = "cpu"
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device != "cpu":
         kwargs["device_map"] = device
     model = AutoModelForCausalLM.from_pretrained(pretrained, **kwargs).eval()
@@ -136,6 +169,8 @@ class OledLLaDA2LM(HFLM):
         MCSettings(mask_token_id=0, mc_num=mc_num, seed=mc_seed, attention=mc_attention,  # fail before loading
                    block_length=block_length or 32, max_rows=mc_batch_size or 1)
         if isinstance(pretrained, str):
+            device = offload_device(device)
+            offload = resolve_offload(offload, device, int(batch_size), max_length)  # for get_model_info too
             model, loaded_tok = load_model(pretrained, device=device, dtype=dtype, offload=offload)
             tokenizer = tokenizer or loaded_tok
         else:
@@ -257,4 +292,4 @@ class OledLLaDA2LM(HFLM):
         return totals
 
 
-__all__ = ["MODEL_NAME", "OledLLaDA2LM", "load_model", "split_offload_args"]
+__all__ = ["MODEL_NAME", "OledLLaDA2LM", "load_model", "resolve_offload", "split_offload_args"]

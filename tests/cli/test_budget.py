@@ -10,15 +10,17 @@ from oled_hf.cli.budget import budget_choices
 from oled_hf.cli.main import build_parser, main
 
 MIB = 2**20
-OFFLOADING = ("serve", "chat", "benchmark")
+OFFLOADING = ("serve", "chat", "benchmark", "demo", "eval")
+REQUIRED = {"eval": ["--tasks", "toy_addition"]}  # each command's own required flags
 
 
 def _choices(argv: list[str]) -> list[dict]:
-    return budget_choices(build_parser().parse_args(argv))
+    return budget_choices(build_parser().parse_args([*argv, *REQUIRED.get(argv[0], [])]))
 
 
 @pytest.mark.parametrize("command", OFFLOADING)
 def test_every_offloading_command_takes_the_same_spellings(command):
+    """demo and eval took none of these (demo: its own --cache-ratio only; eval: --model-args only)."""
     auto = {"auto_batch_size": 8 if command == "serve" else 1, "auto_context_length": None}
     assert _choices([command, "--cache-ratio", "auto"]) == [{"cache_ratio": "auto", **auto}]
     assert _choices([command, "--cache-ratio", "0.25"]) == [{"cache_ratio": 0.25, **auto}]
@@ -61,7 +63,7 @@ def test_bad_budgets_are_one_line_naming_the_flag(command, argv, message, tiny_p
     from transformers import AutoModelForCausalLM
 
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("nothing may load"))
-    assert main([command, "--model", str(tiny_path), *argv]) == 2
+    assert main([command, "--model", str(tiny_path), *REQUIRED.get(command, []), *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"oled-moe {command}: error: ") and message in err and err.count("\n") == 1, err
 
@@ -124,10 +126,93 @@ def test_serve_and_chat_size_the_cache_from_the_mocked_device(command, tiny_path
 
 
 def test_auto_without_cuda_is_one_line_before_loading(tiny_path, capsys, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    for command in ("serve", "chat"):
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("nothing may load"))
+    for command in ("serve", "chat", "demo", "eval"):
         for argv in (["--cache-ratio", "auto"], ["--gpu-memory-utilization", "0.5"]):
-            assert main([command, "--model", str(tiny_path), "--device", "cpu", *argv]) == 2
+            assert main([command, "--model", str(tiny_path), *REQUIRED.get(command, []), "--device", "cpu", *argv]) == 2
             err = capsys.readouterr().err
             assert err.startswith(f"oled-moe {command}: error: cache_ratio='auto' needs a CUDA device") and \
                 err.count("\n") == 1, err
+
+
+def _capture_offloaded_loads(monkeypatch) -> list[dict]:
+    """``from_pretrained`` that records each offloaded load's kwargs and stops there ("loaded", exit 2);
+    a resident load (the demo's reference) still loads, on the CPU."""
+    from transformers import AutoModelForCausalLM
+
+    load, seen = AutoModelForCausalLM.from_pretrained, []
+
+    def from_pretrained(path, **kwargs):
+        if kwargs.get("offload_config") is None:
+            return load(path, **{**kwargs, "device_map": "cpu"})
+        seen.append(kwargs)
+        raise ValueError("loaded")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", from_pretrained)
+    return seen
+
+
+def test_demo_sizes_the_cache_from_the_mocked_device(tiny_path, fake_cuda, monkeypatch, capsys):
+    """demo's budget is the shared flags (it had only --cache-ratio R|auto); without one it keeps 0.4."""
+    from tests.offload.test_budget import ONE, TINY
+
+    seen = _capture_offloaded_loads(monkeypatch)
+    base = ["demo", "--model", str(tiny_path), "--device", "cuda", "--prompt", "hi", "--auto-context-length", "100"]
+    for argv in ([], ["--cache-ratio", "auto"], ["--gpu-memory-utilization", "0.85"], ["--max-gpu-memory", "1MiB"],
+                 ["--cache-size", "3"]):
+        assert main([*base, *argv]) == 2
+        assert capsys.readouterr().err == "oled-moe demo: error: loaded\n"
+    default, auto, utilization, memory, size = (kwargs["offload_config"] for kwargs in seen)
+    assert default.cache_ratio == 0.4 and default.max_gpu_memory is None and default.policy == "oled"
+    assert (auto.cache_ratio, auto.gpu_memory_utilization, auto.auto_context_length) == ("auto", 0.9, 100)
+    assert (utilization.cache_ratio, utilization.gpu_memory_utilization) == ("auto", 0.85)
+    assert auto.resolve_device_slots(TINY, 4, "cuda") == 94  # as chat's: one sequence of 100 tokens
+    assert utilization.resolve_device_slots(TINY, 4, "cuda") == 40
+    assert memory.resolve_device_slots(TINY, 4, "cuda") == MIB // ONE == 10
+    assert size.cache_size == 3
+
+
+def test_eval_sizes_the_cache_from_the_mocked_device(tiny_path, fake_cuda, monkeypatch, capsys):
+    """eval's flags reach the adapter's OffloadConfig; ``auto`` reserves KV for --batch-size sequences of the
+    model's max_length (lm-eval's), as serve reserves for --max-batch-size."""
+    from tests.offload.test_budget import ONE, TINY
+
+    seen = _capture_offloaded_loads(monkeypatch)
+    base = ["eval", "--model", str(tiny_path), "--tasks", "toy_addition", "--device", "cuda",
+            "--model-args", "max_length=100"]
+    for argv in (["--cache-ratio", "auto"], ["--gpu-memory-utilization", "0.85"], ["--max-gpu-memory", "1MiB"],
+                 ["--cache-ratio", "auto", "--batch-size", "2"], ["--cache-ratio", "auto", "--auto-batch-size", "2"]):
+        assert main([*base, *argv]) == 2
+        assert capsys.readouterr().err == "oled-moe eval: error: loaded\n"
+    auto, utilization, memory, batch, flag = (kwargs["offload_config"] for kwargs in seen)
+    assert all(kwargs["device_map"] == "cuda" for kwargs in seen)
+    assert (auto.cache_ratio, auto.gpu_memory_utilization, auto.auto_context_length) == ("auto", 0.9, 100)
+    assert auto.resolve_device_slots(TINY, 4, "cuda") == 94
+    assert (utilization.cache_ratio, utilization.gpu_memory_utilization) == ("auto", 0.85)
+    assert utilization.resolve_device_slots(TINY, 4, "cuda") == 40
+    assert memory.max_gpu_memory == "1MiB" and memory.resolve_device_slots(TINY, 4, "cuda") == MIB // ONE
+    assert batch.auto_batch_size == flag.auto_batch_size == 2
+    assert batch.resolve_device_slots(TINY, 4, "cuda") == (10 * MIB - 2 * (204_800 + 908_800 + 131_072)) // ONE == 81
+
+
+def test_eval_takes_the_budget_once(tiny_path, capsys, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("nothing may load"))
+    argv = ["eval", "--model", str(tiny_path), "--tasks", "toy_addition", "--cache-size", "2"]
+    assert main([*argv, "--model-args", "cache_ratio=0.5"]) == 2
+    assert capsys.readouterr().err == ("oled-moe eval: error: the budget is given twice, as --cache-size and as "
+                                       "--model-args cache_ratio=0.5: give it once\n")
+
+
+def test_budget_name_says_what_was_asked():
+    from oled_hf.cli.budget import budget_name
+
+    assert budget_name({"cache_ratio": 0.4, "auto_batch_size": 1}) == "cache ratio 0.4"
+    assert budget_name({"cache_size": 3}) == "cache size 3"
+    assert budget_name({"max_gpu_memory": "20GiB"}) == "max gpu memory 20GiB"
+    assert budget_name({"cache_ratio": "auto", "gpu_memory_utilization": 0.85}) == \
+        "cache ratio auto (gpu memory utilization 0.85)"
