@@ -28,6 +28,7 @@ from oled_hf.offload.system import parse_system
 from oled_hf.sim.hardware import MODEL_SHAPES
 from oled_hf.sim.replay import replay
 from oled_hf.sim.report import slots_for
+from oled_hf.sim.report_calibration import calibrated, fmt_scales, format_table
 from oled_hf.sim.trace import load_trace
 
 BELIEFS = {"cpu2": (2.0, 1.0), "cpu0.5": (0.5, 1.0), "pcie2": (1.0, 2.0), "pcie0.5": (1.0, 0.5)}
@@ -42,9 +43,7 @@ def cost_model() -> CostModel:
 def run(trace: Any, name: str, pct: float, cm: CostModel, believed: CostModel | None, calibrate: bool,
         sigma: float, seed: int, warm: int) -> tuple[float, dict[str, float] | None]:
     """TPOT (s) of one replay, and the calibrator's final scales (None without calibration)."""
-    system = parse_system(name)
-    if calibrate:
-        system = system.with_knobs(dispatch__calibrate=1)
+    system = calibrated(parse_system(name)) if calibrate else parse_system(name)
     r = replay(trace, name, slots_for(pct, trace.num_experts), system=system, cost_model=cm, planner_s=PLANNER_S,
                warmup_sequences=warm, believed=believed, measure_sigma=sigma, measure_seed=seed)
     return r.tpot_s, (r.calibration or None)
@@ -92,30 +91,6 @@ def main(argv: list[str] | None = None) -> int:
 
         write_atomically(save, args.json)
     return 0
-
-
-def fmt_scales(scales: dict[str, float] | None) -> str:
-    """Calibrated / believed per term (the true belief is at 1 / the believed scale)."""
-    if not scales:
-        return "-"
-    return " ".join(f"{k}={v:.2f}" for k, v in scales.items())
-
-
-def format_table(rows: list[dict[str, Any]]) -> str:
-    """Markdown: believed vs calibrated vs true, one row per (trace, size, system, belief)."""
-    out = ["| trace | cache | system | belief | believed (wrong) ms | calibrated ms | true ms | wrong/true | "
-           "cal/true | learned scales |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        out.append(f"| {r['trace'].rsplit('/', 1)[-1]} | {r['pct']:g}% | {r['system']} | {r['belief']} | "
-                   f"{r['wrong_ms']:.3f} | {r['calibrated_ms']:.3f} | {r['true_ms']:.3f} | "
-                   f"{r['wrong_ms'] / r['true_ms']:.3f} | {r['calibrated_ms'] / r['true_ms']:.3f} | "
-                   f"{fmt_scales(r.get('scales'))} |")
-    cal = [r["calibrated_ms"] / r["true_ms"] for r in rows]
-    wrong = [r["wrong_ms"] / r["true_ms"] for r in rows]
-    if rows:
-        out.append(f"\nworst wrong/true {max(wrong):.3f}; worst cal/true {max(cal):.3f}; "
-                   f"rows with cal/true <= 1.05: {sum(c <= 1.05 for c in cal)} of {len(cal)}")
-    return "\n".join(out)
 
 
 if __name__ == "__main__":

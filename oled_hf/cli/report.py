@@ -245,47 +245,81 @@ def report_cmd(args: argparse.Namespace) -> int:
                "planner host ms per forward", f"(g) planner host time, {main.label}", out / "g_overhead.png",
                f"measured on this CPU during replay of {main.label} at 40% ({main.num_layers} MoE layers)")
     sec[-1] += "\n\n![(g)](g_overhead.png)"
-    # (h) mis-calibration: the dispatcher believes wrong CPU speed / PCIe bandwidth; time is the truth
+    sec.append(miscalibration_section(main, trace, cm, planner, tuned, prof))
+    sec.append(ladder_section(infos, traces, costs, tuned, profile, planner, out, sim_note))
+    rp.write_markdown(out / "report.md", sec)
+    print(f"[report] wrote {out / 'report.md'}")
+    return 0
+
+
+def miscalibration_section(main, trace, cm, planner, tuned, prof) -> str:
+    """(h): every dispatcher believes a wrong CPU speed / PCIe bandwidth (timed at the truth), then the same
+    beliefs calibrated online (``dispatch.calibrate=1``): believed vs calibrated vs true (issue 36.3)."""
+    from ..sim import report as rp
+    from ..sim import report_calibration as rc
+
+    names = [s.name for s in rp.SYSTEMS]
+    warm = main.warmup
     truth = {(r.system, r.pct): r for r in main.runs}
     beliefs = [("truth", 1.0, 1.0)] + [(f"CPU x{f:g}", f, 1.0) for f in rp.BELIEF_FACTORS] + [
         (f"PCIe x{f:g}", 1.0, f) for f in rp.BELIEF_FACTORS]
-    by_belief = {}
+    wrong = [b[0] for b in beliefs[1:]]
+    # a copy-only dispatch reads no cost: its calibrated run is its believed one (report_calibration.calibration_rows)
+    reads_cost = [s for s in rp.SYSTEMS if rp.resolve(s, tuned.get(s.name), prof).dispatch != "copy"]
+    by_belief, by_cal = {}, {}
     for label, c, pci in beliefs:
         if label == "truth":
             by_belief[label] = [truth[(n, p)] for n in names for p in rp.HEADLINE_PCT if (n, p) in truth]
             continue
+        believed = cm.believed(cpu_scale=c, pcie_scale=pci)
         by_belief[label] = rp.run_systems(trace, main.label, rp.SYSTEMS, rp.HEADLINE_PCT, cm, planner, bounds=False,
-                                          warmup_sequences=warm, tuned=tuned, profile=prof,
-                                          believed=cm.believed(cpu_scale=c, pcie_scale=pci))
-    parts_h = []
+                                          warmup_sequences=warm, tuned=tuned, profile=prof, believed=believed)
+        print(f"[report] (h) {label} calibrated", flush=True)
+        by_cal[label] = rp.run_systems(trace, main.label, reads_cost, rp.HEADLINE_PCT, cm, planner, bounds=False,
+                                       warmup_sequences=warm, tuned=tuned, profile=prof, believed=believed,
+                                       calibrate=True)
+    rows = rc.calibration_rows(main.label, by_belief["truth"], {b: by_belief[b] for b in wrong}, by_cal)
+    calibrated_runs = {b: by_cal[b] + [r for r in by_belief[b] if r.system not in {s.name for s in reads_cost}]
+                       for b in wrong}
+
+    def margin(runs, pct) -> str:
+        mine, best = rp.pick(runs, rp.OURS, pct), rp.strongest_fair(runs, pct)
+        return f"{mine.result.tpot_s / best.result.tpot_s:.3f} ({best.system})" if mine and best else "-"
+
+    parts_h, parts_cal = [], []
     for pct in rp.HEADLINE_PCT:
         head = ["system"] + [b[0] for b in beliefs]
         rows_h = [[n] + [f"{rp.pick(by_belief[b[0]], n, pct).result.ratio_to_full:.2f}"
                          if rp.pick(by_belief[b[0]], n, pct) else "-" for b in beliefs] for n in names]
-        margin = ["oled / strongest fair"]
-        for b in beliefs:
-            mine, best = rp.pick(by_belief[b[0]], rp.OURS, pct), rp.strongest_fair(by_belief[b[0]], pct)
-            margin.append(f"{mine.result.tpot_s / best.result.tpot_s:.3f} ({best.system})" if mine and best else "-")
-        parts_h.append(f"### {pct:g}%\n" + rp.md_table(head, rows_h + [margin]))
+        rows_h.append(["oled / strongest fair"] + [margin(by_belief[b[0]], pct) for b in beliefs])
+        parts_h.append(f"### {pct:g}%\n" + rp.md_table(head, rows_h))
+        parts_cal.append(f"### {pct:g}%: believed vs calibrated vs true\n" + rc.belief_table(
+            rows, pct, names, wrong, {b: margin(calibrated_runs[b], pct) for b in wrong}))
     checks = []
-    for label in [b[0] for b in beliefs if b[0] in ("CPU x0.5", "CPU x2", "PCIe x0.5", "PCIe x2")]:
+    for label in [b for b in wrong if b in ("CPU x0.5", "CPU x2", "PCIe x0.5", "PCIe x2")]:
         for pct in rp.HEADLINE_PCT:
             mine, best = rp.pick(by_belief[label], rp.OURS, pct), rp.strongest_fair(by_belief[label], pct)
             if mine and best:
                 ok = mine.result.tpot_s <= best.result.tpot_s
                 checks.append(f"- {label}, {pct:g}%: oled / strongest fair ({best.system}) = "
                               f"{mine.result.tpot_s / best.result.tpot_s:.3f} -> {'MET' if ok else 'MISSED'}")
-    sec.append(f"## (h) Mis-calibration on {main.label} (x fused)\nEach column: every dispatcher believes the CPU "
-               "(or the PCIe link) is the stated factor as fast as it truly is (x2 = twice as fast: it sends more "
-               "misses there); the timeline charges the true costs. The last row is oled's TPOT over the strongest "
-               "other system's under the same wrong belief (< 1: oled faster). `--believed-cpu-scale` / "
-               "`--believed-pcie-scale` of `oled-moe trace replay` run one such belief.\n\n"
-               "Target (2x errors): oled no slower than the strongest fair system under the same belief.\n"
-               + "\n".join(checks) + "\n\n" + "\n\n".join(parts_h))
-    sec.append(ladder_section(infos, traces, costs, tuned, profile, planner, out, sim_note))
-    rp.write_markdown(out / "report.md", sec)
-    print(f"[report] wrote {out / 'report.md'}")
-    return 0
+    return (f"## (h) Mis-calibration on {main.label} (x fused)\nEach column: every dispatcher believes the CPU "
+            "(or the PCIe link) is the stated factor as fast as it truly is (x2 = twice as fast: it sends more "
+            "misses there); the timeline charges the true costs. The last row is oled's TPOT over the strongest "
+            "other system's under the same wrong belief (< 1: oled faster). `--believed-cpu-scale` / "
+            "`--believed-pcie-scale` of `oled-moe trace replay` run one such belief.\n\n"
+            "Target (2x errors): oled no slower than the strongest fair system under the same belief.\n"
+            + "\n".join(checks) + "\n\n" + "\n\n".join(parts_h)
+            + "\n\n### Calibrated beliefs\nCalibrated: each dispatcher with CPU compute corrects its belief online "
+            "from measured copy and CPU times (replay: the true times with lognormal noise, sigma 0.1, seeded; "
+            "`dispatch.calibrate=1`, `oled_hf/offload/online_calibration.py`); the first sequence is warm-up, so "
+            "the calibration's first block is not timed. Copy-only dispatches (every miss copied) read no cost and "
+            "are not calibrated: their calibrated figure is their believed one. Each cell: TPOT under the wrong "
+            "belief / TPOT under the true belief, then calibrated / true (1.000 = as fast as knowing the truth); "
+            "the last row is oled / the strongest fair system, every system calibrated. "
+            "`eval/calibration_sweep.py` prints the same rows long, with the learned scales.\n\n"
+            f"Target: oled calibrated <= {rc.CAL_LIMIT:g} x oled true, per belief and size.\n"
+            + "\n".join(rc.calibration_checks(rows, rp.HEADLINE_PCT, wrong)) + "\n\n" + "\n\n".join(parts_cal))
 
 
 def ladder_section(infos, traces, costs, tuned, profile, planner, out: Path, sim_note) -> str:

@@ -42,6 +42,7 @@ from oled_hf.offload.system import System, parse_system
 from .bound import physical_bound, request_counts, timed_forwards
 from .lp_bound import lp_bound_counts
 from .replay import ReplayResult, hit_bound, min_footnote, replay
+from .report_calibration import calibrated
 from .trace import Trace
 
 SIZES_PCT = (10, 15, 25, 40, 60, 100)
@@ -161,8 +162,11 @@ def needs_predictions(system: System) -> bool:
 def run_systems(trace: Trace, label: str, systems: Iterable[ReportSystem], pcts: Iterable[float], cost: CostModel,
                 planner_s: float | None, bounds: bool = True, warmup_sequences: int = 0,
                 tuned: dict[str, dict[str, Any]] | None = None, profile: np.ndarray | None = None,
-                believed: CostModel | None = None, lp_window: int = 0) -> list[Run]:
+                believed: CostModel | None = None, lp_window: int = 0, calibrate: bool = False) -> list[Run]:
     """Replay every system at every size; attach Belady's hit rate and the bounds per size.
+
+    ``calibrate``: every system whose dispatch reads costs corrects ``believed`` online
+    (``dispatch.calibrate=1``; ``report_calibration.calibrated``).
 
     ``lp_window`` > 0: the valid LP bound (``sim/lp_bound.py``) in windows of that many forwards
     (``Run.bound_ratio``); 0 leaves it out. The old MIN bound (``Run.min_ratio``) comes with ``bounds``.
@@ -185,6 +189,8 @@ def run_systems(trace: Trace, label: str, systems: Iterable[ReportSystem], pcts:
             system = resolve(spec, tuned.get(spec.name), profile)
             if needs_predictions(system) and not trace.has_predictions:
                 continue
+            if calibrate:
+                system = calibrated(system)
             r = replay(trace, spec.name, size, system=system, cost_model=cost, planner_s=planner_s,
                        warmup_sequences=warmup_sequences, believed=believed)
             ceiling, ceiling_name = None, ""

@@ -35,7 +35,9 @@ def test_report_writes_markdown_and_plots(tmp_path, capsys):
     for heading in ("## Traces", "### Headline", "## (c) Ablation", "## (d) Block length", "## (e) Batch size",
                     "## (f) PCIe", "## (g) Planner", "## (h) Mis-calibration", "3 MoE layers x 16 experts",
                     "x bound (LP)", "| LP bound (valid) |", "| MIN bound (CPU-served misses enter free, loose) |",
-                    "strongest fair system", "Target (2x errors)",
+                    "strongest fair system", "Target (2x errors)", "### Calibrated beliefs",
+                    "Target: oled calibrated <= 1.05 x oled true", "### 25%: believed vs calibrated vs true",
+                    "| oled / strongest fair (calibrated) |",
                     "## (i) Oracle ladder", "# OLED-MoE evaluation on synthetic traces", "| synthetic | 8 | 1 |",
                     "### syn-b16-bs1 (3 MoE layers x 16)", "Pure caching (`copy+uniform`)"):
         assert heading in md, heading
@@ -51,6 +53,12 @@ def test_report_writes_markdown_and_plots(tmp_path, capsys):
     for rung in ("| belady |", "| next-oracle |", "| previous-set |", "| phase |", "| lru |", "| lfu |", "| oled |"):
         assert ladder.count(rung) == 4, rung  # two traces x two dispatches
     assert "/ 1.000x |" in ladder  # lru's gain over itself
+    h = md[md.index("## (h) Mis-calibration"):md.index("## (i) Oracle ladder")]
+    checks = re.findall(r"^- (CPU|PCIe) x[0-9.]+, \d+%: oled calibrated / true = [0-9.]+ .* -> (MET|MISSED)$", h, re.M)
+    assert len(checks) == 8 * len(HEADLINE_PCT)  # every wrong belief at every headline size
+    cal = h[h.index("### 25%: believed vs calibrated vs true"):]
+    assert re.search(r"^\| oled \| [0-9.]+ \| [0-9.]+ / [0-9.]+ \|", cal, re.M)
+    assert re.search(r"^\| mixtral-offloading \| [0-9.]+ \| 1\.000 / 1\.000 \|", cal, re.M)  # copy-only
 
 
 def test_targets_name_met_and_missed():
@@ -128,3 +136,58 @@ def test_no_system_is_below_the_valid_lp_bound():
         assert r.x_bound >= 1.0 - 1e-9, (r.system, r.pct, r.x_bound)
     assert all(r.bound_ratio is None for r in run_systems(t, "x", SYSTEMS[:1], (25,), CostModel.h200_pcie5(
         2048, 512, kernel="grouped"), 0.0))  # lp_window 0: no LP bound
+
+
+def test_run_systems_calibrate_turns_calibration_on_for_every_cpu_dispatch():
+    from oled_hf.offload.costmodel import CostModel
+
+    t = synthetic_trace(num_layers=2, num_experts=16, top_k=2, block_length=8, num_blocks=3, seed=2)
+    cm = CostModel.h200_pcie5(2048, 512, kernel="grouped")
+    systems = [s for s in SYSTEMS if s.name in ("oled", "mixtral-offloading", "tide")]
+    runs = run_systems(t, "x", systems, (25,), cm, 0.0, bounds=False, believed=cm.believed(cpu_scale=2.0),
+                       calibrate=True)
+    got = {r.system: r.result.calibration for r in runs}
+    assert got["oled"] and got["tide"]  # CPU dispatches learned scales
+    assert not got["mixtral-offloading"]  # copy-only: nothing to calibrate
+    plain = run_systems(t, "x", systems, (25,), cm, 0.0, bounds=False, believed=cm.believed(cpu_scale=2.0))
+    assert not any(r.result.calibration for r in plain)
+
+
+def _row(system, belief, pct, wrong, cal, true):
+    return {"trace": "t", "pct": pct, "system": system, "belief": belief, "wrong_ms": wrong, "calibrated_ms": cal,
+            "true_ms": true, "scales": None}
+
+
+def test_belief_table_and_the_105_check():
+    from oled_hf.sim.report_calibration import belief_table, calibration_checks
+
+    rows = [_row("oled", "CPU x2", 25, 1.5, 1.05, 1.0), _row("oled", "PCIe x0.5", 25, 1.2, 1.0501, 1.0),
+            _row("tide", "CPU x2", 25, 2.4, 2.1, 2.0), _row("oled", "CPU x2", 40, 3.0, 2.0, 2.0)]
+    checks = calibration_checks(rows, (25, 40), ["CPU x2", "PCIe x0.5"])
+    assert checks == [
+        "- CPU x2, 25%: oled calibrated / true = 1.050 (believed / true 1.500) -> MET",
+        "- CPU x2, 40%: oled calibrated / true = 1.000 (believed / true 1.500) -> MET",
+        "- PCIe x0.5, 25%: oled calibrated / true = 1.050 (believed / true 1.200) -> MISSED"]
+    table = belief_table(rows, 25, ["oled", "tide", "hybrimoe"], ["CPU x2", "PCIe x0.5"],
+                         {"CPU x2": "0.900 (tide)"}).splitlines()
+    assert table[0] == "| system | true TPOT ms | CPU x2: believed / calibrated | PCIe x0.5: believed / calibrated |"
+    assert table[2] == "| oled | 1.000 | 1.500 / 1.050 | 1.200 / 1.050 |"
+    assert table[3] == "| tide | 2.000 | 1.200 / 1.050 | - |"
+    assert table[4] == "| oled / strongest fair (calibrated) | - | 0.900 (tide) | - |"
+    assert len(table) == 5  # hybrimoe has no rows: left out
+
+
+def test_calibration_rows_take_the_believed_run_for_an_uncalibrated_system():
+    from types import SimpleNamespace as NS
+
+    from oled_hf.sim.report_calibration import calibration_rows
+
+    def run(system, ms, scales=None):
+        return NS(system=system, pct=25, result=NS(tpot_s=ms * 1e-3, calibration=scales or {}))
+
+    rows = calibration_rows("t", [run("oled", 1.0), run("mixtral-offloading", 5.0)],
+                            {"CPU x2": [run("oled", 1.5), run("mixtral-offloading", 5.0)]},
+                            {"CPU x2": [run("oled", 1.02, {"copy": 1.0})]})
+    assert [(r["system"], r["wrong_ms"], r["calibrated_ms"], r["true_ms"]) for r in rows] == [
+        ("oled", 1.5, 1.02, 1.0), ("mixtral-offloading", 5.0, 5.0, 5.0)]
+    assert rows[0]["scales"] == {"copy": 1.0} and rows[1]["scales"] is None
