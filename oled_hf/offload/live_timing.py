@@ -6,7 +6,11 @@ Replay hands the calibrator the true cost model's times with noise; a live run h
 the CPU pool's worker when the CPU overlaps the device) and returned with its output; the executor
 observes it on the main thread once the result is in, so observations follow the order of the
 accesses, whichever thread computed them. The time includes whatever the machine does meanwhile
-(host-DRAM contention with the copy engine's reads, another tenant): that is the point.
+(host-DRAM contention with the copy engine's reads, the main thread's hold on the GIL, another
+tenant): that is the point. Replay instead feeds the batch's time alone, so live the CPU scale
+absorbs the average DMA contention, which the dispatch knob ``shared_dram`` also charges: with both
+on, contention may be counted twice where sharing bites (not at the H200 preset's 200 GB/s; not
+measured).
 
 *Copies*: ``ExpertCache.load`` only enqueues a copy on the copy stream, so the host's wall time is
 enqueue time, not transfer time. A pair of CUDA events with timing (:func:`record_start` before a

@@ -30,6 +30,12 @@ CostModel the planner kernels read as arrays, is rebuilt every ``every`` accesse
 (:meth:`tick`) and at block end (:meth:`publish`): between rebuilds plans use one fixed belief.
 Everything is float arithmetic on the measurements in the order given, so plans are deterministic
 for a given sequence of measurements.
+
+Who measures (``Dispatcher.observe``, once per layer access): replay, the true cost model's times with
+seeded lognormal noise (``oled_hf.sim.replay``); the live executor, the grouped CPU call's wall time
+and, on CUDA, copy intervals bracketed by timing events on the copy stream
+(``oled_hf.offload.live_timing``; no copy is timed on a CPU device). A live run's measurements, and so
+its plans, vary from run to run; its tokens do not (the dispatcher only chooses where a miss is served).
 """
 
 from __future__ import annotations
