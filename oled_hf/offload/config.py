@@ -53,6 +53,9 @@ class OffloadConfig:
     The budget is never enlarged: one that gives a layer fewer than ``min_slots_per_layer`` slots
     is refused at load (:meth:`resolve_slots`), as is a pool larger than the device's free memory.
     Cost-model overrides replace the values measured at load (``calibrate``) or the preset.
+    ``calibrate_online``: a dispatch with CPU compute then corrects its copy and CPU costs during the
+    run from measured times (the dispatch knob ``calibrate=1``, ``oled_hf/offload/online_calibration.py``):
+    it changes only where misses are served, never the tokens. Off by default.
 
     ``system``: the system to run (``oled_hf/offload/system.py``), the one way to name it: a preset
     (``"oled"``, the default when None; ``"lru-full"``, ``"mixtral-offloading"``, ...) or parts
@@ -88,6 +91,7 @@ class OffloadConfig:
     cpu_compute: str = "auto"
     store: str = "auto"
     calibrate: bool = True
+    calibrate_online: bool = False  # the dispatcher corrects its belief from measured times (dispatch.calibrate=1)
     # cost-model overrides (None = measured at load, or the preset)
     h2d_bandwidth_gbps: float | None = None
     cpu_bandwidth_gbps: float | None = None
@@ -117,7 +121,7 @@ class OffloadConfig:
         self._check_choice("policy", KNOWN_POLICIES, "known policies")
         self._check_choice("cpu_compute", CPU_COMPUTE_MODES, "allowed")
         self._check_choice("store", STORE_MODES, "allowed")
-        for name in ("layer_adaptive", "calibrate", "record_trace_overwrite"):
+        for name in ("layer_adaptive", "calibrate", "calibrate_online", "record_trace_overwrite"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} is invalid: must be True or False")
         for name in ("h2d_bandwidth_gbps", "cpu_bandwidth_gbps", "cpu_expert_ms_per_token",
@@ -162,10 +166,13 @@ class OffloadConfig:
         """
         from .system import resolve_system
 
-        return resolve_system(self.system, policy=self.policy, layer_adaptive=self.layer_adaptive,
-                              cpu_compute=self.cpu_compute if cpu_compute is None else cpu_compute,
-                              reuse_copies=int(self.oled_background_copies),
-                              reuse_min=float(self.oled_background_min_reuse))
+        resolved = resolve_system(self.system, policy=self.policy, layer_adaptive=self.layer_adaptive,
+                                  cpu_compute=self.cpu_compute if cpu_compute is None else cpu_compute,
+                                  reuse_copies=int(self.oled_background_copies),
+                                  reuse_min=float(self.oled_background_min_reuse))
+        if self.calibrate_online and resolved.dispatch != "copy":  # a copy dispatch reads no cost
+            resolved = resolved.with_knobs(dispatch__calibrate=1)
+        return resolved
 
     def _warn_aliases(self) -> None:
         """A FutureWarning naming the ``system=`` spelling of the deprecated aliases given."""

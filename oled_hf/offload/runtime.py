@@ -269,6 +269,8 @@ class OffloadRuntime(IterationObserver):
             "pool_bytes": self.cache.pool_bytes, "host_bytes": self.store.host_bytes(), "store": self.store.mode,
             "cpu_compute": self.cpu_compute, "cpu_compute_requested": self.config.cpu_compute,
             "cost_model": dict(vars(self.cost_model)), "total": total, "layers": per_layer,
+            # online calibration (calibrate_online): the belief's scales over the starting one, per term
+            "calibration": cal.scales if (cal := self.controller.dispatcher.calibrator) is not None else {},
         }
 
     def reset_stats(self) -> None:
