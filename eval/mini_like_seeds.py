@@ -17,7 +17,6 @@ heavy: about 1-2 min per seed and model on an idle core (19 layers), more for fl
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -25,13 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run from a clone without installing
     sys.path.insert(0, str(ROOT))
 
+from oled_hf.sim.report_seeds import fastest_counts, figure_table, seed_table  # noqa: E402
 from oled_hf.sim.synth_like import TOLERANCE, calibrate_decoder, figures, like, like_names  # noqa: E402
 from oled_hf.sim.synthetic import TraceShape, generate  # noqa: E402
-
-
-def spread(values: list[float], fmt: str = ".4g") -> str:
-    """median [min-max] of ``values``."""
-    return f"{statistics.median(values):{fmt}} [{min(values):{fmt}}-{max(values):{fmt}}]"
 
 
 def workload(name: str, seed: int, sequences: int, blocks: int):
@@ -42,37 +37,12 @@ def workload(name: str, seed: int, sequences: int, blocks: int):
     return params, shape, generate(params, shape, seed=seed)
 
 
-def figure_table(name: str, rows_per_seed: dict[int, list[tuple[str, float, float]]]) -> tuple[str, bool]:
-    seeds = sorted(rows_per_seed)
-    first = rows_per_seed[seeds[0]]
-    head = "| figure | target | " + " | ".join(f"seed {s}" for s in seeds) + " | median [range] | all within +-5% |"
-    lines = [f"### {name}: stated figures, target vs achieved", "", head, "|" + "---|" * (len(seeds) + 4)]
-    ok_all = True
-    for j, (fig, target, _) in enumerate(first):
-        got = [rows_per_seed[s][j][2] for s in seeds]
-        ok = all(abs(g - target) <= TOLERANCE * abs(target) for g in got)
-        ok_all &= ok
-        cells = " | ".join(f"{g:.4g} ({(g - target) / target:+.1%})" for g in got)
-        lines.append(f"| {fig} | {target:.4g} | {cells} | {spread(got)} | {'yes' if ok else 'NO'} |")
-    return "\n".join(lines), ok_all
-
-
 def replay_table(name: str, runs_per_seed: dict[int, list], pcts, names: list[str]) -> str:
-    from oled_hf.sim import report as rp
-
+    """x fused as median [min-max] over seeds (the report's ``report_seeds.seed_table``) and the fastest per seed."""
     lines = [f"### {name}: simulated x fused, median [min-max] over seeds {', '.join(map(str, runs_per_seed))}", "",
-             "| system | " + " | ".join(f"{p:g}%" for p in pcts) + " |", "|" + "---|" * (len(pcts) + 1)]
-    for n in names:
-        cells = []
-        for p in pcts:
-            vals = [rp.pick(r, n, p).result.ratio_to_full for r in runs_per_seed.values() if rp.pick(r, n, p)]
-            cells.append(spread(vals, ".3f") if vals else "-")
-        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+             seed_table(runs_per_seed, names, pcts)]
     for p in pcts:
-        wins: dict[str, int] = {}
-        for r in runs_per_seed.values():
-            best = min((x for x in (rp.pick(r, n, p) for n in names) if x), key=lambda x: x.result.ratio_to_full)
-            wins[best.system] = wins.get(best.system, 0) + 1
+        wins = fastest_counts(runs_per_seed, names, p)
         lines.append(f"\n{p:g}%: fastest per seed: " + ", ".join(f"{k} {v}x" for k, v in sorted(wins.items())))
     return "\n".join(lines)
 
@@ -122,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n## {name} ({params.num_layers} MoE layers x {params.num_experts}, top-{params.top_k}, block "
               f"{params.block_length}; {args.sequences} sequences x {args.blocks} blocks per seed)\n")
         print("figures and their sources:\n" + "\n".join(f"  - {a}" for a in assumptions) + "\n")
-        table, ok = figure_table(name, rows)
+        table, ok = figure_table(name, rows, TOLERANCE)
         ok_all &= ok
         print(table + "\n")
         if args.replay:

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from ..progress import add_quiet_argument, progress
+from .report_sections import like_figures, miscalibration_section, seed_group_section
 
 RECORD_COMMAND = "LONG_ONLY=1 eval/record_traces.sh TRACES oled_hf/toy/long/checkpoint"
 PREDICTOR_FIGURE, PREDICTOR_TEXT = "i_predictors.png", "i_predictors.txt"  # eval/predictor_quality.py's, if present
@@ -36,6 +37,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="forwards per window of the valid LP bound (oled_hf/sim/lp_bound.py; each window starts "
                         "from a free cache, so longer is tighter and slower: HiGHS takes seconds per window of "
                         "2 forwards at mini's shape); 0 leaves the LP bound out (default 2)")
+    p.add_argument("--lp-all-seeds", action="store_true",
+                   help="traces NAME-s<seed> form a seed group (median and range over seeds); its later seeds "
+                        "replay at the headline sizes only and without the LP bound (the slow part) unless this "
+                        "is given")
     add_quiet_argument(p)
     add_cost_model_args(p)
     p.set_defaults(func=report_cmd, as_model_default="llada2.0-mini")
@@ -63,7 +68,8 @@ def report_cmd(args: argparse.Namespace) -> int:
 
     from ..sim import plots
     from ..sim import report as rp
-    from ..sim.hardware import cost_model_from_args, planner_seconds
+    from ..sim import report_seeds as rs
+    from ..sim.hardware import MODEL_SHAPES, cost_model_from_args, planner_seconds
     from ..sim.trace import load_trace
 
     torch.set_num_threads(args.threads)
@@ -93,17 +99,23 @@ def report_cmd(args: argparse.Namespace) -> int:
             tuned[name], searched[name] = knobs, scores
         bar.update()
     infos, traces, costs = [], {}, {}
+    seed_groups = rs.seed_groups(Path(p).name.removesuffix(".trace") for p in args.traces)
+    later_seeds = {label for members in seed_groups.values() for _, label in members[1:]}
     for path in args.traces:
         label = Path(path).name.removesuffix(".trace")
         trace = load_trace(path)
         info = rp.trace_info(label, path, trace)
-        cost = cost_model_from_args(trace, args)
+        like = rs.like_model(info.model)  # a --like trace is timed at the model it is like
+        info.timed_as = like if like in MODEL_SHAPES else args.as_model
+        cost = cost_model_from_args(trace, argparse.Namespace(**{**vars(args), "as_model": info.timed_as}))
         print(f"[report] {label}: {trace.num_forwards} forwards, {trace.num_layers}x{trace.num_experts}", flush=True)
         n_seq = len(set(trace.arrays["fwd_seq"].tolist()))
         info.warmup = min(warm, n_seq - 1)  # a one-request trace is timed from a cold start
         prof = profile if profile is not None and profile.shape == (trace.num_layers, trace.num_experts) else None
-        info.runs = rp.run_systems(trace, label, rp.SYSTEMS, sizes, cost, planner, warmup_sequences=info.warmup,
-                                   tuned=tuned, profile=prof, lp_window=args.lp_window)
+        later = label in later_seeds and not args.lp_all_seeds  # a group's later seeds: headline sizes, no LP
+        info.runs = rp.run_systems(trace, label, rp.SYSTEMS, rp.HEADLINE_PCT if later else sizes, cost, planner,
+                                   warmup_sequences=info.warmup, tuned=tuned, profile=prof,
+                                   lp_window=0 if later else args.lp_window)
         infos.append(info)
         traces[label], costs[label] = trace, cost
         bar.update()
@@ -116,8 +128,9 @@ def report_cmd(args: argparse.Namespace) -> int:
     depth = ", ".join(sorted({f"{i.num_layers} MoE layers x {i.num_experts} experts" for i in infos}))
     kinds = " and ".join(sorted({trace_kind(i) for i in infos}, reverse=True))
     sec = [f"# OLED-MoE evaluation on {kinds} traces",
-           f"Traces: **{depth}** (LLaDA2.0-mini has 19 MoE layers x 256): only the expert size is "
-           f"**{args.as_model}**'s ({cm.expert_bytes / 2**20:.2f} MiB), timed on H200 + PCIe 5.0 x16: "
+           f"Traces: **{depth}** (LLaDA2.0-mini has 19 MoE layers x 256): only the expert size is that of the "
+           f"model in the column `timed as` (**{args.as_model}**'s, {cm.expert_bytes / 2**20:.2f} MiB, for every "
+           "trace but a `trace synth --like NAME` one, which is timed at NAME's), on H200 + PCIe 5.0 x16: "
            f"H2D {cm.h2d_bytes_per_s / 1e9:g} GB/s, HBM {cm.gpu_hbm_bytes_per_s / 1e9:g} GB/s, host DRAM "
            f"{cm.host_dram_bytes_per_s / 1e9:g} GB/s shared by DMA and CPU reads, launch {cm.gpu_launch_s * 1e6:g} us, "
            f"{cm.kernel} GPU expert kernel, CPU {cm.cpu_overhead_s * 1e6:g} us per batch + "
@@ -137,10 +150,11 @@ def report_cmd(args: argparse.Namespace) -> int:
            f"cost model except in (h). Traces recorded by `{RECORD_COMMAND}`.",
            "## Traces\n" + rp.md_table(
                ["label", "model", "recorded or synthetic", "block", "batch", "layers x experts", "forwards",
-                "output tokens", "v2 preds", "warm-up sequences"],
+                "output tokens", "v2 preds", "warm-up sequences", "timed as"],
                [[i.label, Path(i.model).name[-40:], trace_kind(i), str(i.block_length), str(i.batch_size),
                  f"{i.num_layers}x{i.num_experts}", str(i.forwards), str(i.output_tokens),
-                 "yes" if i.has_predictions else "no", str(i.warmup)] for i in infos])]
+                 "yes" if i.has_predictions else "no", str(i.warmup),
+                 f"{i.timed_as} ({costs[i.label].expert_bytes / 2**20:.2f} MiB)"] for i in infos])]
 
     def grid_text(spec) -> str:
         if spec.name not in searched:
@@ -161,12 +175,23 @@ def report_cmd(args: argparse.Namespace) -> int:
                + rp.md_table(["system", "retention", "prefetch", "dispatch", "allocation", "chosen on dev",
                               "searched (dev x fused)", "stands for"], rows))
     def sim_note(info) -> str:
-        return (f"simulated time: {args.as_model}-sized experts ({cm.expert_bytes / 2**20:.2f} MiB) on H200 + PCIe "
+        mib = costs[info.label].expert_bytes / 2**20
+        return (f"simulated time: {info.timed_as}-sized experts ({mib:.2f} MiB) on H200 + PCIe "
                 f"5.0 x16; trace {info.label}: {info.num_layers} MoE layers x {info.num_experts} experts, "
                 f"{trace_kind(info)}")
 
-    # headline + (a) + (b) per trace
+    # headline + (a) + (b) per trace; a seed group once, as median and range over its seeds
+    first_seed = {members[0][1]: base for base, members in seed_groups.items()}
+    by_label = {i.label: i for i in infos}
+    like_params: dict = {}
     for info in infos:
+        if info.label in later_seeds:
+            continue
+        if info.label in first_seed:
+            base = first_seed[info.label]
+            group = [by_label[label] for _, label in seed_groups[base]]
+            sec.append(seed_group_section(base, group, traces, names, out, sim_note, args.lp_all_seeds, like_params))
+            continue
         a = plots.tpot_and_utilization(info.runs, names, info.label, out / f"a_tpot_util_{info.label}.png",
                                        sim_note(info))
         b = plots.gap_to_ideal(info.runs, names, info.label, out / f"b_gap_{info.label}.png", sim_note(info))
@@ -174,7 +199,7 @@ def report_cmd(args: argparse.Namespace) -> int:
                    + "\n".join(rp.margin_lines(info.runs)) + "\n\n" + rp.headline_table(info.runs, names)
                    + "\n\nTargets on this trace:\n" + "\n".join(rp.targets(info.runs))
                    + f"\n\n![(a)]({a.name}) ![(b)]({b.name})\n\n<details><summary>(a)/(b) every run</summary>\n\n"
-                   + rp.detail_table(info.runs) + "\n\n</details>")
+                   + rp.detail_table(info.runs) + "\n\n</details>" + like_figures([info], traces, like_params))
     # (c) ablation on the main trace, from the strongest fair published baseline at 25%
     published = [s for s in rp.SYSTEMS if s.name not in (rp.OURS, "lru-full", "lfu-full")]
     at25 = [r for r in main.runs if r.pct == 25 and r.system in {s.name for s in published}]
@@ -246,84 +271,15 @@ def report_cmd(args: argparse.Namespace) -> int:
                f"measured on this CPU during replay of {main.label} at 40% ({main.num_layers} MoE layers)")
     sec[-1] += "\n\n![(g)](g_overhead.png)"
     sec.append(miscalibration_section(main, trace, cm, planner, tuned, prof))
-    sec.append(ladder_section(infos, traces, costs, tuned, profile, planner, out, sim_note))
+    sec.append(ladder_section(infos, traces, costs, tuned, profile, planner, out, sim_note, later_seeds))
     rp.write_markdown(out / "report.md", sec)
     print(f"[report] wrote {out / 'report.md'}")
     return 0
 
 
-def miscalibration_section(main, trace, cm, planner, tuned, prof) -> str:
-    """(h): every dispatcher believes a wrong CPU speed / PCIe bandwidth (timed at the truth), then the same
-    beliefs calibrated online (``dispatch.calibrate=1``): believed vs calibrated vs true (issue 36.3)."""
-    from ..sim import report as rp
-    from ..sim import report_calibration as rc
-
-    names = [s.name for s in rp.SYSTEMS]
-    warm = main.warmup
-    truth = {(r.system, r.pct): r for r in main.runs}
-    beliefs = [("truth", 1.0, 1.0)] + [(f"CPU x{f:g}", f, 1.0) for f in rp.BELIEF_FACTORS] + [
-        (f"PCIe x{f:g}", 1.0, f) for f in rp.BELIEF_FACTORS]
-    wrong = [b[0] for b in beliefs[1:]]
-    # a copy-only dispatch reads no cost: its calibrated run is its believed one (report_calibration.calibration_rows)
-    reads_cost = [s for s in rp.SYSTEMS if rp.resolve(s, tuned.get(s.name), prof).dispatch != "copy"]
-    by_belief, by_cal = {}, {}
-    for label, c, pci in beliefs:
-        if label == "truth":
-            by_belief[label] = [truth[(n, p)] for n in names for p in rp.HEADLINE_PCT if (n, p) in truth]
-            continue
-        believed = cm.believed(cpu_scale=c, pcie_scale=pci)
-        by_belief[label] = rp.run_systems(trace, main.label, rp.SYSTEMS, rp.HEADLINE_PCT, cm, planner, bounds=False,
-                                          warmup_sequences=warm, tuned=tuned, profile=prof, believed=believed)
-        print(f"[report] (h) {label} calibrated", flush=True)
-        by_cal[label] = rp.run_systems(trace, main.label, reads_cost, rp.HEADLINE_PCT, cm, planner, bounds=False,
-                                       warmup_sequences=warm, tuned=tuned, profile=prof, believed=believed,
-                                       calibrate=True)
-    rows = rc.calibration_rows(main.label, by_belief["truth"], {b: by_belief[b] for b in wrong}, by_cal)
-    calibrated_runs = {b: by_cal[b] + [r for r in by_belief[b] if r.system not in {s.name for s in reads_cost}]
-                       for b in wrong}
-
-    def margin(runs, pct) -> str:
-        mine, best = rp.pick(runs, rp.OURS, pct), rp.strongest_fair(runs, pct)
-        return f"{mine.result.tpot_s / best.result.tpot_s:.3f} ({best.system})" if mine and best else "-"
-
-    parts_h, parts_cal = [], []
-    for pct in rp.HEADLINE_PCT:
-        head = ["system"] + [b[0] for b in beliefs]
-        rows_h = [[n] + [f"{rp.pick(by_belief[b[0]], n, pct).result.ratio_to_full:.2f}"
-                         if rp.pick(by_belief[b[0]], n, pct) else "-" for b in beliefs] for n in names]
-        rows_h.append(["oled / strongest fair"] + [margin(by_belief[b[0]], pct) for b in beliefs])
-        parts_h.append(f"### {pct:g}%\n" + rp.md_table(head, rows_h))
-        parts_cal.append(f"### {pct:g}%: believed vs calibrated vs true\n" + rc.belief_table(
-            rows, pct, names, wrong, {b: margin(calibrated_runs[b], pct) for b in wrong}))
-    checks = []
-    for label in [b for b in wrong if b in ("CPU x0.5", "CPU x2", "PCIe x0.5", "PCIe x2")]:
-        for pct in rp.HEADLINE_PCT:
-            mine, best = rp.pick(by_belief[label], rp.OURS, pct), rp.strongest_fair(by_belief[label], pct)
-            if mine and best:
-                ok = mine.result.tpot_s <= best.result.tpot_s
-                checks.append(f"- {label}, {pct:g}%: oled / strongest fair ({best.system}) = "
-                              f"{mine.result.tpot_s / best.result.tpot_s:.3f} -> {'MET' if ok else 'MISSED'}")
-    return (f"## (h) Mis-calibration on {main.label} (x fused)\nEach column: every dispatcher believes the CPU "
-            "(or the PCIe link) is the stated factor as fast as it truly is (x2 = twice as fast: it sends more "
-            "misses there); the timeline charges the true costs. The last row is oled's TPOT over the strongest "
-            "other system's under the same wrong belief (< 1: oled faster). `--believed-cpu-scale` / "
-            "`--believed-pcie-scale` of `oled-moe trace replay` run one such belief.\n\n"
-            "Target (2x errors): oled no slower than the strongest fair system under the same belief.\n"
-            + "\n".join(checks) + "\n\n" + "\n\n".join(parts_h)
-            + "\n\n### Calibrated beliefs\nCalibrated: each dispatcher with CPU compute corrects its belief online "
-            "from measured copy and CPU times (replay: the true times with lognormal noise, sigma 0.1, seeded; "
-            "`dispatch.calibrate=1`, `oled_hf/offload/online_calibration.py`); the first sequence is warm-up, so "
-            "the calibration's first block is not timed. Copy-only dispatches (every miss copied) read no cost and "
-            "are not calibrated: their calibrated figure is their believed one. Each cell: TPOT under the wrong "
-            "belief / TPOT under the true belief, then calibrated / true (1.000 = as fast as knowing the truth); "
-            "the last row is oled / the strongest fair system, every system calibrated. "
-            "`eval/calibration_sweep.py` prints the same rows long, with the learned scales.\n\n"
-            f"Target: oled calibrated <= {rc.CAL_LIMIT:g} x oled true, per belief and size.\n"
-            + "\n".join(rc.calibration_checks(rows, rp.HEADLINE_PCT, wrong)) + "\n\n" + "\n\n".join(parts_cal))
-
-
-def ladder_section(infos, traces, costs, tuned, profile, planner, out: Path, sim_note) -> str:
-    """(i): the oracle ladder (``sim/ladder.py``) on every batch-1 trace, with a figure of the main one."""
+def ladder_section(infos, traces, costs, tuned, profile, planner, out: Path, sim_note, skip: set[str]) -> str:
+    """(i): the oracle ladder (``sim/ladder.py``) on every batch-1 trace but ``skip`` (a seed group's later seeds),
+    with a figure of the main one."""
     from ..sim import ladder, plots
     from ..sim import report as rp
 
@@ -332,10 +288,11 @@ def ladder_section(infos, traces, costs, tuned, profile, planner, out: Path, sim
              f"the same dispatch and allocation: the strongest fair one (`{ladder.FAIR_BASE}`'s parts and dev-tuned "
              "knobs, only retention swapped) and pure caching (every miss copied, uniform split). `belady` knows the "
              "whole future, `next-oracle` exactly the next access's expert set per layer and nothing further "
-             "(both replay only, `offload/policies/oracle.py`); gain = lru's TPOT / the rung's."]
+             "(both replay only, `offload/policies/oracle.py`); gain = lru's TPOT / the rung's. Of a seed group "
+             "(traces NAME-s<seed>) only the first seed."]
     first = None
     for info in infos:
-        if info.batch_size != 1:
+        if info.batch_size != 1 or info.label in skip:
             continue
         trace = traces[info.label]
         prof = profile if profile is not None and profile.shape == (trace.num_layers, trace.num_experts) else None

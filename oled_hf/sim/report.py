@@ -132,6 +132,7 @@ class TraceInfo:
     output_tokens: int
     has_predictions: bool
     warmup: int = 0  # recorded sequences replayed untimed before counting starts
+    timed_as: str = ""  # the model whose expert size times it (hardware.MODEL_SHAPES)
     runs: list[Run] = field(default_factory=list)
 
 
