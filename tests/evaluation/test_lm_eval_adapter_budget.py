@@ -9,19 +9,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from oled_hf.evaluation.lm_eval_adapter import OledLLaDA2LM
+from tests.cli.test_budget import fake_cuda  # noqa: F401  (the mocked device: 20 MiB free of 100)
 from tests.offload.test_budget import ONE, TINY
 
 MIB = 2**20
-
-
-@pytest.fixture
-def fake_cuda(monkeypatch):
-    """One CUDA device with 20 MiB free of 100 MiB (as tests/cli/test_budget.py)."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (20 * MIB, 100 * MIB))
-    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 0)
-    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 0)
 
 
 @pytest.fixture
@@ -36,7 +27,8 @@ def loads(monkeypatch) -> list[dict]:
     return seen
 
 
-def test_model_args_size_the_cache_from_the_mocked_device(tiny_path, fake_cuda, loads):
+@pytest.mark.usefixtures("fake_cuda")
+def test_model_args_size_the_cache_from_the_mocked_device(tiny_path, loads):
     """``gpu_memory_utilization=F`` alone means ``cache_ratio=auto`` with F (it used to ask for a budget);
     ``auto`` reserves KV for ``batch_size`` sequences of ``max_length`` tokens."""
     for model_args in ({"cache_ratio": "auto"}, {"gpu_memory_utilization": 0.85}, {"max_gpu_memory": "1MiB"},
@@ -76,7 +68,8 @@ def test_resolve_offload_keeps_what_was_given():
     ({"cache_ratio": "auto", "auto_batch_size": 0}, "auto_batch_size=0 is invalid: must be at least 1"),
     ({"policy": "lru"}, "need a budget"),
 ])
-def test_bad_model_args_budgets_name_the_field(model_args, message, tiny_path, fake_cuda, monkeypatch):
+@pytest.mark.usefixtures("fake_cuda")
+def test_bad_model_args_budgets_name_the_field(model_args, message, tiny_path, monkeypatch):
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("nothing may load"))
     with pytest.raises(ValueError) as err:
         OledLLaDA2LM(pretrained=str(tiny_path), device="cuda", **model_args)
