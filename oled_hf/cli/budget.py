@@ -69,10 +69,10 @@ def add_budget_arguments(p: argparse.ArgumentParser, *, several_sizes: bool = Fa
                         "--cache-ratio auto; a CUDA device is needed; default: 0.9 with --cache-ratio auto)")
     p.add_argument("--auto-batch-size", type=int, default=None,
                    help="with --cache-ratio auto: sequences decoded at once, to reserve activations and KV for "
-                        "(default: the command's --max-batch-size where it has one, else 1)")
+                        "(default: serve's --max-batch-size, eval's --batch-size, else 1)")
     p.add_argument("--auto-context-length", type=int, default=None,
                    help="with --cache-ratio auto: prompt + new tokens to reserve for "
-                        "(default: the command's --max-model-len where given, else the model's "
+                        "(default: --max-model-len where given, eval's max_length, else the model's "
                         "max_position_embeddings)")
 
 
