@@ -129,12 +129,12 @@ def report_cmd(args: argparse.Namespace) -> int:
     kinds = " and ".join(sorted({trace_kind(i) for i in infos}, reverse=True))
     sec = [f"# OLED-MoE evaluation on {kinds} traces",
            f"Traces: **{depth}** (LLaDA2.0-mini has 19 MoE layers x 256): only the expert size is that of the "
-           f"model in the column `timed as` (**{args.as_model}**'s, {cm.expert_bytes / 2**20:.2f} MiB, for every "
-           "trace but a `trace synth --like NAME` one, which is timed at NAME's), on H200 + PCIe 5.0 x16: "
+           f"model in the column `timed as` (**{args.as_model}**'s for every trace but a `trace synth --like NAME` "
+           "one, which is timed at NAME's), on H200 + PCIe 5.0 x16: "
            f"H2D {cm.h2d_bytes_per_s / 1e9:g} GB/s, HBM {cm.gpu_hbm_bytes_per_s / 1e9:g} GB/s, host DRAM "
            f"{cm.host_dram_bytes_per_s / 1e9:g} GB/s shared by DMA and CPU reads, launch {cm.gpu_launch_s * 1e6:g} us, "
            f"{cm.kernel} GPU expert kernel, CPU {cm.cpu_overhead_s * 1e6:g} us per batch + "
-           f"{cm.cpu_expert_fixed_s * 1e6:.1f} us per read-bound expert, non-expert "
+           f"{cm.cpu_expert_fixed_s * 1e6:.1f} us per read-bound expert (at {main.timed_as}'s size), non-expert "
            f"{cm.nonexpert_s_per_layer * 1e6:g} us/layer; planner host time "
            f"{'measured during replay on this CPU' if planner is None else f'{args.planner_us:g} us per access'}. "
            "`x fused` = TPOT / full residency as a fused MoE (one launch per layer, each active expert read "
