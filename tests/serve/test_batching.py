@@ -420,3 +420,59 @@ def test_the_straggler_window_follows_the_resend_gaps_within_its_bounds():
     lone.answer(0.0)
     lone.arrive(0.3)  # a lone client, slow to resend: nothing to wait for
     assert lone.awaited_until(0.3) is None
+
+
+# The resend gaps (ms after the last answer of a batch of 8) that 8 closed-loop clients of the openai package
+# showed on a loaded 2-core machine (eval/serve_bench.py --client openai, traced): the clients parse their answers
+# and build the next requests one after another under their process's GIL.
+OPENAI_RESEND_MS = [16.1, 35.5, 35.7, 71.1, 71.2, 71.3, 71.4, 71.5]
+
+
+def test_the_default_wait_covers_the_resends_of_openai_clients():
+    """Issue 37: with the old default --batch-wait-ms of 10 the straggler window was cut to 10 ms, so every burst
+    of 8 openai clients split into 2 + 6 (mean batch 4.6). At the default, once the window has learnt the gaps
+    (the first bursts: 50 ms, then 1.5x their 90th percentile), each resend is still awaited when it comes."""
+    from oled_hf.serve.engine import DEFAULT_BATCH_WAIT_MS
+    from oled_hf.serve.stragglers import MIN_SAMPLES, Stragglers
+
+    s = Stragglers(cap_s=DEFAULT_BATCH_WAIT_MS / 1000)
+    learning = MIN_SAMPLES // len(OPENAI_RESEND_MS)
+    for burst in range(learning + 2):
+        start = float(burst)
+        for _ in OPENAI_RESEND_MS:
+            s.answer(start)
+        for ms in OPENAI_RESEND_MS:
+            now = start + ms / 1000
+            until = s.awaited_until(now - 1e-4)
+            if burst >= learning:
+                assert until is not None and until >= now, f"the resend {ms} ms after its answer was not awaited"
+            s.arrive(now)
+    assert len(s.gaps) >= MIN_SAMPLES and not s.answered
+    lone = Stragglers(cap_s=DEFAULT_BATCH_WAIT_MS / 1000)  # ... and a lone client still never waits
+    lone.answer(0.0)
+    lone.arrive(0.03)
+    assert lone.awaited_until(0.03) is None
+
+
+def test_at_the_default_wait_clients_resending_tens_of_ms_apart_batch_together_again(toy):
+    """The engine at its default --batch-wait-ms: four clients answered together resend 7 ms apart (21 ms in all;
+    openai clients on a busy machine spread further); they share one batch again, where a 10 ms default split them.
+    (On a machine so loaded that these sleeps take over twice as long, the window's first 50 ms may not hold them.)"""
+    import time
+
+    engine = _engine(toy, max_batch_size=4)
+    # two tokens: every row is answered in the first block, so all four clients are expected back from then
+    first = _requests(engine, [{"question": q, "max_tokens": 2} for q in QUESTIONS[:4]])
+    again = _requests(engine, [{"question": q, "max_tokens": 2} for q in QUESTIONS[4:]])
+    for request, _ in first:
+        engine.submit(request)
+    engine.start()
+    try:
+        assert all(sink.finished.wait(60) for _, sink in first)
+        for request, _ in again:
+            engine.submit(request)
+            time.sleep(0.007)
+        assert all(sink.finished.wait(60) for _, sink in again)
+        assert (engine.metrics.batches, engine.metrics.batched_requests) == (2, 8)
+    finally:
+        engine.stop()
