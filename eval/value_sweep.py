@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+import oled_hf.offload.system as _system
 from oled_hf.fileio import check_new_file, write_atomically
 from oled_hf.offload.costmodel import CostModel
 from oled_hf.offload.system import parse_system
@@ -54,7 +55,16 @@ CANDIDATES: dict[str, tuple[str, list[dict[str, Any]]]] = {
     "oled-dram": ("oled", [{"dispatch.reuse_copies": n, "dispatch.shared_dram": True} for n in (1, 2, 4, 8)]),
     "value-admit": ("value+cpu+reuse+adaptive", [{"retention.decay": d, "dispatch.admit": True}
                                                  for d in (0.8, 0.9, 0.95, 0.99)]),
+    # engineer R1: horizon-calibrated reuse (policies/horizon.py) under the amortised split, and its
+    # admission floor under the myopic split with reuse copies
+    "horizon-amort": ("horizon+cpu+adaptive", [{"retention.base": b, "retention.discount": d}
+                                               for b in ("lru", "oled") for d in (0.1, 0.25)]),
+    "horizon-reuse": ("horizon+cpu+reuse+adaptive",
+                      [{"retention.base": "oled", "retention.admit_min": a, "dispatch.reuse_copies": 1}
+                       for a in (0.0, 0.1, 0.3, 0.5)]),
 }
+if "horizon" not in _system.RETENTIONS:  # until the grammar names it (/work/notes/R1-preset.diff)
+    _system.RETENTIONS = (*_system.RETENTIONS, "horizon")
 
 
 def cost_model(trace, host_dram_gbps: float | None) -> CostModel:

@@ -2,6 +2,7 @@
 prefetch part (``prefetch.py``)."""
 
 from .base import CachePolicy, available_policies, make_policy
+from .horizon import HorizonPolicy
 from .lfu import LFUPolicy
 from .lru import LRUPolicy, PrefetchPolicy
 from .mix import MixPolicy
@@ -18,6 +19,7 @@ from .value import ValuePolicy
 __all__ = [
     "BeladyPolicy",
     "CachePolicy",
+    "HorizonPolicy",
     "LFUPolicy",
     "LRUPolicy",
     "MixPolicy",
