@@ -19,7 +19,6 @@ import argparse
 import json
 import statistics
 import time
-import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from ..fileio import check_new_files, write_text_atomically
 from ..offload.config import KNOWN_POLICIES
 from ..offload.dispatch import CPU_COMPUTE_MODES
 from ..progress import add_quiet_argument, progress
-from .budget import add_budget_arguments, budget_choices, check_budget_device
+from .budget import add_budget_arguments, budget_choices, budget_name, check_budget_device
 from .common import add_device_argument, add_model_argument, cpu_compute_note, resolve_device, resolve_model
 
 REPORT_NAME = "report.json"  # what --report-dir holds
@@ -185,14 +184,18 @@ def offload_choices(args: argparse.Namespace) -> list[tuple[str, dict]]:
     flag; so is a row named twice (the rows are keyed by name).
     """
     from ..offload.config import OffloadConfig
+    from ..offload.system import spelling, system_of_legacy
 
     policies = args.policy if args.policy is not None else [] if args.system else ["oled", "lru"]
-    choices = [(p, {"policy": p}) for p in policies] + [(s, {"system": s}) for s in args.system or []]
+    choices = [(s, {"system": s}) for s in args.system or []]
+    for p in policies:  # --policy is the CLI's own spelling: resolved here, never the deprecated alias
+        try:
+            choices.insert(policies.index(p), (p, {"system": spelling(system_of_legacy(p))}))
+        except (KeyError, ValueError) as err:
+            raise ValueError(f"--policy {p}: {err}") from None
     for name, fields in choices:
         try:
-            with warnings.catch_warnings():  # --policy is the CLI's own spelling: no deprecation line on stderr
-                warnings.simplefilter("ignore", FutureWarning)
-                OffloadConfig(cache_size=1, cpu_compute=args.cpu_compute, **fields)
+            OffloadConfig(cache_size=1, cpu_compute=args.cpu_compute, **fields)
         except ValueError as err:
             raise ValueError(f"--{next(iter(fields))} {name}: {err}") from None
     names = [name for name, _ in choices]
@@ -280,7 +283,7 @@ def write_report(folder: Path, report: dict) -> Path:
 def budget_label(budget: dict, slots_per_layer: float) -> str:
     """``cache size 8``, ``cache ratio 0.4``; budgets sized in bytes add their slots: ``... (12.0 slots/layer)``."""
     key = next(k for k in ("cache_size", "cache_ratio", "max_gpu_memory") if k in budget)
-    label = f"{key.replace('_', ' ')} {budget[key]}"
+    label = budget_name(budget)
     sized = key == "max_gpu_memory" or budget[key] == "auto"
     return f"{label} ({slots_per_layer:.1f} slots/layer)" if sized else label
 

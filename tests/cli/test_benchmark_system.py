@@ -33,3 +33,18 @@ def test_bad_systems_are_one_line_before_loading(tiny_path, capsys, argv, messag
     assert main(["benchmark", "--model", str(tiny_path), "--cache-size", "6", *argv, *QUICK]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"oled-moe benchmark: error: {message}")
+
+
+def test_policy_rows_run_their_system_without_a_deprecation_warning(tiny_path, capsys):
+    """--policy is the CLI's own spelling: the command resolves it, the user never sees a FutureWarning."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        code = main(["benchmark", "--model", str(tiny_path), "--cache-size", "6", "--cpu-compute", "on",
+                     "--policy", "lru", "tide", "--json", *QUICK])
+    assert code == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [(r["config"], r["system"]) for r in rows[1:]] == [
+        ("lru @ cache size 6", "lru+none+cpu+adaptive"), ("tide @ cache size 6", "tide+none+cpu+adaptive")]
+    assert all(r["same_tokens"] for r in rows)
