@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..offload.config import KNOWN_POLICIES
+from ..offload.system import spelling, system_of_legacy
 from ..toy.long.tasks import SHIPPED_TASKS
 
 TASK = "toy_addition"
@@ -77,7 +78,7 @@ def run_parity(model: str, *, policies=POLICIES, budgets=DEFAULT_BUDGETS, limit:
     rows = []
     for key, value in budgets:
         for policy in policies:
-            run = run_toy(model, {key: value, "policy": policy}, **common)
+            run = run_toy(model, {key: value, "system": spelling(system_of_legacy(policy))}, **common)
             mismatches = sum(a != b for a, b in zip(run.answers, reference.answers))
             mismatches += abs(len(run.answers) - len(reference.answers))
             row = ParityRow(policy, budget_label(key, value), run.accuracy, mismatches == 0, run.hit_rate, mismatches)
