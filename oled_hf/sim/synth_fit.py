@@ -11,9 +11,10 @@
   distinct experts per iteration), the static share ``s^2 / (s^2 + d^2)`` (sets the popularity skew, the
   share of routes served by the layer's top 10% experts) and the block carry (sets the adjacent-iteration
   overlap across a block boundary);
-* **set statistics, per layer** (``refine_sets``): the same four-way bisection on generated one-layer traces of
-  the recorded shape (decoder included), adding the mask component's scale, solved for the activation cosine
-  across a block boundary (masked tokens share experts that decoded ones do not);
+* **set statistics, per layer** (``refine_sets``): the same bisections on generated one-layer traces of the
+  recorded shape (decoder included, each layer with its own static popularity), adding the mask component's scale,
+  solved for the cosine between the masked and the decoded tokens' expert counts within a step (masked tokens
+  share experts that decoded ones do not), the carries re-solved after each round;
 * **route persistence per token state** (decoded, committed, masked by confidence bin) and the predicted
   routes' accuracy, per layer: inverted through a table of persistence against the noise carry.
 
@@ -29,7 +30,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .routing_stats import CONFIDENCE_BINS, routing_stats, state_labels
+from .routing_stats import CONFIDENCE_BINS, denoise_steps, expert_counts, routing_stats, state_labels
 from .synthetic import STATES, SeqShape, SynthParams, TraceShape, _Decoder
 from .trace import OP_BLOCK_START, OP_EVENT, OP_FORWARD, Trace
 
@@ -206,13 +207,16 @@ CARRY_GRID = np.concatenate([np.linspace(0.0, 0.9, 19), np.linspace(0.91, 1.0, 1
 
 
 def persistence_table(s: float, d: float, E: int, k: int, tokens: int = 1024, seed: int = 0,
-                      before: float = 0.0, after: float = 0.0) -> np.ndarray:
-    """Route persistence (share of top-k kept) at each carry of ``CARRY_GRID``, for one layer's scales and the mask
-    component's scale before and after the step (a masked token: a, a; a commit: a, 0; decoded: 0, 0)."""
+                      before: float = 0.0, after: float = 0.0, step: float = 0.0) -> np.ndarray:
+    """Route persistence (share of top-k kept) at each carry of ``CARRY_GRID``, for one layer's scales, the mask
+    component's scale before and after the step (a masked token: a, a; a commit: a, 0; decoded: 0, 0) and the
+    within-block walk's step scale (the second step's logits move by ``step`` * N(0, 1))."""
     rng = np.random.default_rng([seed, 4])
     g, bm, mc = rng.normal(size=(1, E)), rng.normal(size=(tokens, E)), rng.normal(size=(tokens, E))
     shared = s * g + d * bm + before * mc
     after_ = s * g + d * bm + after * mc
+    if step:
+        after_ = after_ + step * np.random.default_rng([seed, 10]).normal(size=(tokens, E))
     eps, fresh = rng.normal(size=(tokens, E)), rng.normal(size=(tokens, E))
     a = np.argpartition(-(shared + eps), k - 1, axis=-1)[:, :k]
     out = []
@@ -228,11 +232,14 @@ def invert(table: np.ndarray, target: float) -> float:
 
 
 def fit_carry(pers: dict, scales: list[tuple[float, float, float]], mask: list[float], E: int,
-              k: int) -> dict[str, list[float]]:
+              k: int, step: list[float] | None = None) -> dict[str, list[float]]:
     """Per token state and layer: the noise carry whose persistence is the recorded one (masked tokens also carry
-    the mask component, scale ``mask[l]``, which a commit drops); an empty confidence bin borrows its nearest."""
+    the mask component, scale ``mask[l]``, which a commit drops; every token the within-block walk, step scale
+    ``step[l]``); an empty confidence bin borrows its nearest."""
+    step = [0.0] * len(scales) if step is None else step
     tabs = {kind: [persistence_table(s, d, E, k, before=a if kind != "decoded" else 0.0,
-                                     after=a if kind == "masked" else 0.0) for (s, d, _), a in zip(scales, mask)]
+                                     after=a if kind == "masked" else 0.0, step=z)
+                   for (s, d, _), a, z in zip(scales, mask, step)]
             for kind in ("decoded", "committed", "masked")}
     labels = state_labels(CONFIDENCE_BINS)
     masked_labels = [x for x in labels if x not in STATES]
@@ -265,58 +272,122 @@ def fit_predict(acc: list[float | None], scales: list[tuple[float, float, float]
 
 
 # ------------------------------------------------------------------------------------------------ set statistics
+def mixed_cosine(trace: Trace) -> list[float]:
+    """Per layer: the cosine, within one denoising step, between the expert counts of its masked tokens and those of
+    its decoded ones (mean over steps that have both; NaN: none has). The mask component's own signature: 0 shared
+    logits apart, near 1 without it at many tokens; recorded toys 0.2-0.5 (masked tokens share experts of their own)."""
+    E = trace.num_experts
+    sums, n = np.zeros(trace.num_layers), 0
+    for step in denoise_steps(trace):
+        if step.masked.all() or not step.masked.any():
+            continue
+        a = expert_counts(step.topk_ids[:, step.masked], E).astype(float)
+        b = expert_counts(step.topk_ids[:, ~step.masked], E).astype(float)
+        sums += (a * b).sum(-1) / np.maximum(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1), 1e-12)
+        n += 1
+    return [float(x) for x in sums / n] if n else [float("nan")] * trace.num_layers
+
+
 def layer_targets(trace: Trace) -> dict[str, list[float]]:
-    """Per layer, the set statistics ``refine_sets`` matches: distinct experts per step, overlap and activation
-    cosine across a block boundary, top-10% share."""
+    """Per layer, the set statistics ``refine_sets`` matches: distinct experts per step and per block (union over
+    its steps), overlap and activation cosine across a block boundary, top-10% share, masked/decoded cosine."""
     st = routing_stats(trace)
     mean = [float(np.mean(v)) if len(v) else float("nan") for v in st.cosine_across]
     return {"distinct": [float(np.mean(v)) for v in st.distinct], "across": [float(np.mean(v)) if len(v) else 0.5
                                                                             for v in st.across],
-            "cosine across": mean, "skew": top_share(trace)}
+            "cosine across": mean, "skew": top_share(trace), "mixed cosine": mixed_cosine(trace),
+            "block distinct": [float(np.mean(v)) if len(v) else float("nan") for v in st.block_distinct]}
 
 
 def _one_layer(p: SynthParams, l: int) -> SynthParams:
     return replace(p, num_layers=1, popularity_scale=p.popularity_scale[l:l + 1], block_scale=p.block_scale[l:l + 1],
                    block_carry=p.block_carry[l:l + 1], carry={s: v[l:l + 1] for s, v in p.carry.items()},
-                   predict_carry=None, mask_scale=None if p.mask_scale is None else p.mask_scale[l:l + 1])
+                   predict_carry=None, mask_scale=None if p.mask_scale is None else p.mask_scale[l:l + 1],
+                   step_scale=None if p.step_scale is None else p.step_scale[l:l + 1])
 
 
-def _layer_stat(p: SynthParams, l: int, shape: TraceShape, name: str, t: float, phi: float, rho: float,
-                a: float) -> float:
-    """One statistic of layer ``l`` on a one-layer trace generated with these (t, phi, rho, mask scale)."""
+@dataclass
+class LayerFit:
+    """One layer's router parameters while ``refine_sets`` solves them: shared scale t = hypot(s, d), static share
+    phi = s^2 / t^2, block carry rho, mask scale a, within-block step scale z."""
+
+    t: float
+    phi: float
+    rho: float
+    a: float
+    z: float
+
+    @classmethod
+    def of(cls, p: SynthParams, l: int) -> LayerFit:
+        t = math.hypot(p.popularity_scale[l], p.block_scale[l])
+        return cls(t, p.popularity_scale[l] ** 2 / max(t * t, 1e-12), p.block_carry[l],
+                   (p.mask_scale or [0.0] * p.num_layers)[l], (p.step_scale or [0.0] * p.num_layers)[l])
+
+    def store(self, p: SynthParams, l: int) -> None:
+        p.popularity_scale[l], p.block_scale[l] = self.t * math.sqrt(self.phi), self.t * math.sqrt(1 - self.phi)
+        p.block_carry[l], p.mask_scale[l], p.step_scale[l] = self.rho, self.a, self.z  # type: ignore[index]
+
+
+def _layer_stat(p: SynthParams, l: int, shape: TraceShape, name: str, x: LayerFit) -> float:
+    """One statistic of layer ``l`` on a one-layer trace generated with ``x`` and the layer's current carries and
+    its own static popularity row (as in the full trace)."""
     from .synthetic import generate
 
     q = _one_layer(p, l)
-    q.popularity_scale, q.block_scale = [t * math.sqrt(phi)], [t * math.sqrt(1 - phi)]
-    q.block_carry, q.mask_scale = [rho], [a]
-    return layer_targets(generate(q, shape, seed=17))[name][0]
+    q.popularity_scale, q.block_scale = [x.t * math.sqrt(x.phi)], [x.t * math.sqrt(1 - x.phi)]
+    q.block_carry, q.mask_scale, q.step_scale = [x.rho], [x.a], [x.z]
+    return layer_targets(generate(q, shape, seed=17, popularity_layers=(l,)))[name][0]
+
+
+def _solve(f: Callable[[float], float], target: float, lo: float, hi: float, increasing: bool,
+           steps: int) -> float:
+    """``_bisect``, except that ``lo`` itself is the answer when ``f(lo)`` is already at or past the target (a
+    component the trace does not need comes back as 0, not as the bisection's smallest step)."""
+    if (f(lo) >= target) == increasing:
+        return lo
+    return _bisect(f, target, lo, hi, increasing, steps)
+
+
+def _refit_layer_carry(p: SynthParams, pers: dict, l: int) -> None:
+    """Layer ``l``'s carries re-solved for its current scales (in place): the statistics the next bisection
+    simulates depend on them, and the mask component and the walk lower route persistence at a given carry."""
+    one = {key: {**v, "per_layer": v["per_layer"][l:l + 1]} for key, v in pers.items()}
+    got = fit_carry(one, [(p.popularity_scale[l], p.block_scale[l], p.block_carry[l])], [p.mask_scale[l]],
+                    p.num_experts, p.top_k, [p.step_scale[l]])
+    for state, v in got.items():
+        p.carry[state][l] = v[0]
 
 
 def refine_sets(p: SynthParams, shape: TraceShape, targets: dict[str, list[float]], pers: dict,
                 rounds: int = 2, steps: int = 9) -> None:
     """Per layer, on generated one-layer traces of the recorded shape (the decoder included, which route_stats
-    leaves out): coordinate bisection of the shared scale (distinct experts), static share (skew), block carry
-    (overlap across blocks) and mask scale (activation cosine across blocks); the carries are re-solved after
-    each round. In place."""
-    L, E, k = p.num_layers, p.num_experts, p.top_k
+    leaves out; the layer's own static popularity): coordinate bisection of the mask scale (cosine of masked and
+    decoded tokens' counts in one step: the mask component alone moves it; solved on the cosine across blocks
+    instead, it traded off against the block carry and came back as 1.04 on a trace generated without one), shared
+    scale (distinct experts per step), static share (skew) and block carry (overlap across blocks); the layer's
+    carries are re-solved after each round, since the next round's simulations use them. In place.
+
+    The within-block walk (``step_scale``) is not fitted: solved for the distinct experts per block (union over a
+    block's steps) it reached its bound (3.0) on the long toy's third layer and the coordinate descent collapsed
+    (mask scale 6, popularity scale 0.008); a given step scale is kept and the carries account for it."""
+    L = p.num_layers
     p.mask_scale = [0.0] * L if p.mask_scale is None else list(p.mask_scale)
+    p.step_scale = [0.0] * L if p.step_scale is None else list(p.step_scale)
+    p.carry = {key: list(v) for key, v in p.carry.items()}
+
+    def stat(l: int, name: str, x: LayerFit, field: str) -> Callable[[float], float]:
+        return lambda v: _layer_stat(p, l, shape, name, replace(x, **{field: v}))
+
     for l in range(L):
-        if math.isnan(targets["cosine across"][l]):
-            continue
-        t = math.hypot(p.popularity_scale[l], p.block_scale[l])
-        phi, rho, a = p.popularity_scale[l] ** 2 / max(t * t, 1e-12), p.block_carry[l], p.mask_scale[l]
+        x = LayerFit.of(p, l)
         for _ in range(rounds):
-            a = _bisect(lambda x, t=t, f=phi, r=rho, i=l: _layer_stat(p, i, shape, "cosine across", t, f, r, x),
-                        targets["cosine across"][l], 0.0, 6.0, False, steps)
-            t = _bisect(lambda x, f=phi, r=rho, a=a, i=l: _layer_stat(p, i, shape, "distinct", x, f, r, a),
-                        targets["distinct"][l], 0.0, 8.0, False, steps)
-            phi = _bisect(lambda x, t=t, r=rho, a=a, i=l: _layer_stat(p, i, shape, "skew", t, x, r, a),
-                          targets["skew"][l], 0.0, 1.0, True, steps)
-            rho = _bisect(lambda x, t=t, f=phi, a=a, i=l: _layer_stat(p, i, shape, "across", t, f, x, a),
-                          targets["across"][l], 0.0, 0.999, True, steps)
-        p.popularity_scale[l], p.block_scale[l] = t * math.sqrt(phi), t * math.sqrt(1 - phi)
-        p.block_carry[l], p.mask_scale[l] = rho, a
-    p.carry = fit_carry(pers, list(zip(p.popularity_scale, p.block_scale, p.block_carry)), p.mask_scale, E, k)
+            if not math.isnan(targets["mixed cosine"][l]):
+                x.a = _solve(stat(l, "mixed cosine", x, "a"), targets["mixed cosine"][l], 0.0, 6.0, False, steps)
+            x.t = _bisect(stat(l, "distinct", x, "t"), targets["distinct"][l], 0.0, 8.0, False, steps)
+            x.phi = _bisect(stat(l, "skew", x, "phi"), targets["skew"][l], 0.0, 1.0, True, steps)
+            x.rho = _bisect(stat(l, "across", x, "rho"), targets["across"][l], 0.0, 0.999, True, steps)
+            x.store(p, l)
+            _refit_layer_carry(p, pers, l)
 
 
 # ------------------------------------------------------------------------------------------------ the fit
@@ -358,8 +429,11 @@ def fit(trace: Trace, source: str = "", refine: bool = True) -> SynthParams:
                  "prediction_accuracy": acc, **sched.summary()})
     params.hazard = fit_hazard(params, sched)
     if refine:
-        refine_sets(params, trace_shape(trace), layer_targets(trace), pers)
-        params.targets["activation_cosine_across_blocks"] = layer_targets(trace)["cosine across"]
+        targets = layer_targets(trace)
+        refine_sets(params, trace_shape(trace), targets, pers)
+        for key, name in (("activation_cosine_across_blocks", "cosine across"),
+                          ("distinct_per_block", "block distinct"), ("masked_decoded_cosine", "mixed cosine")):
+            params.targets[key] = targets[name]
         masked = sum(v["tokens"] for key, v in pers.items() if key != "decoded")
         params.predict_carry = fit_predict(acc, list(zip(params.popularity_scale, params.block_scale,
                                                          params.block_carry)), E, k, params.mask_scale,

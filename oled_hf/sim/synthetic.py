@@ -336,15 +336,29 @@ def shape_memory(params: SynthParams, shape: TraceShape) -> int:
     return memory_bytes(params.num_layers, params.num_experts, params.top_k, rows, widest, events)
 
 
+def popularity(params: SynthParams, layers: tuple[int, ...] | None = None) -> np.ndarray:
+    """The static popularity g [len(layers), 1, E] of ``params.popularity_seed``: row l is layer l's whatever the
+    number of layers (one stream, filled row by row), so a one-layer trace of layer l can use the g of layer l."""
+    layers = tuple(range(params.num_layers)) if layers is None else layers
+    rows = np.random.default_rng([params.popularity_seed, 2]).normal(size=(max(layers) + 1, 1, params.num_experts))
+    return rows[list(layers)]
+
+
 def generate(params: SynthParams, shape: TraceShape, seed: int = 0,
-             bins: tuple[float, ...] | None = None, max_memory_gib: float = MAX_MEMORY_GIB) -> Trace:
+             bins: tuple[float, ...] | None = None, max_memory_gib: float = MAX_MEMORY_GIB,
+             popularity_layers: tuple[int, ...] | None = None) -> Trace:
     """A synthetic trace with ``shape``'s skeleton and ``params``' decoder and router (deterministic per seed).
 
-    ``params`` is checked field by field and the trace's memory estimated before anything is allocated."""
+    ``params`` is checked field by field and the trace's memory estimated before anything is allocated.
+    ``popularity_layers`` (one per layer of ``params``; default 0, 1, ...) picks the static popularity rows: the fit
+    generates one-layer traces of layer l with row l, the popularity that layer has in the full trace."""
     from .routing_stats import CONFIDENCE_BINS
 
     params.check()
     check_int("seed", seed, 0)
+    if popularity_layers is not None and (len(popularity_layers) != params.num_layers
+                                          or any(not isinstance(x, int) or x < 0 for x in popularity_layers)):
+        raise ValueError(f"popularity_layers: {popularity_layers!r}; allowed: {params.num_layers} layer indices >= 0")
     check_memory(shape_memory(params, shape), max_memory_gib,
                  f"{len(shape.sequences)} sequences x batch {shape.batch}, {shape.num_blocks} blocks at "
                  f"{params.num_layers} layers x {params.num_experts} experts, top-{params.top_k}, block "
@@ -352,7 +366,7 @@ def generate(params: SynthParams, shape: TraceShape, seed: int = 0,
     bins = CONFIDENCE_BINS if bins is None else bins
     p, L, E, k, B = params, params.num_layers, params.num_experts, params.top_k, params.block_length
     rng = np.random.default_rng([seed, 1])
-    g = np.random.default_rng([params.popularity_seed, 2]).normal(size=(L, 1, E))
+    g = popularity(params, popularity_layers)
     s = np.asarray(p.popularity_scale, dtype=np.float64).reshape(L, 1, 1)
     d = np.asarray(p.block_scale, dtype=np.float64).reshape(L, 1, 1)
     rho = np.asarray(p.block_carry, dtype=np.float64).reshape(L, 1, 1)
