@@ -60,17 +60,18 @@ def seed_table(runs_per_seed: dict[int, list], systems: Iterable[str], pcts: Ite
     ``runs_per_seed``: ``{seed: [report.Run, ...]}``. x bound is over the seeds with an LP bound
     (``lp_note`` says which, in its header); the last rows are the LP bound's own x fused."""
     pcts = list(pcts)
-    head = (["system"] + [f"{p:g}%: x fused" for p in pcts]
-            + [f"{p:g}%: x bound (LP{', ' + lp_note if lp_note else ''})" for p in pcts])
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     runs = list(runs_per_seed.values())
+    with_lp = any(x.bound_ratio for r in runs for x in r)  # no LP at all: no x bound columns
+    head = (["system"] + [f"{p:g}%: x fused" for p in pcts]
+            + [f"{p:g}%: x bound (LP{', ' + lp_note if lp_note else ''})" for p in pcts if with_lp])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name in systems:
         fused = [[g.result.ratio_to_full for g in (_pick(r, name, p) for r in runs) if g] for p in pcts]
         if not any(fused):
             continue
         bound = [[g.x_bound for g in (_pick(r, name, p) for r in runs) if g and g.bound_ratio] for p in pcts]
         lines.append("| " + " | ".join([name] + [spread(v, ".2f") if v else "-" for v in fused]
-                                       + [spread(v, ".2f") if v else "-" for v in bound]) + " |")
+                                       + [spread(v, ".2f") if v else "-" for v in bound if with_lp]) + " |")
     lp = [[next((x.bound_ratio for x in r if x.pct == p and x.bound_ratio), None) for r in runs] for p in pcts]
     lp = [[b for b in v if b] for v in lp]
     if any(lp):

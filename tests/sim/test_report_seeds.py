@@ -31,6 +31,9 @@ def test_seed_table_gives_median_and_range_over_seeds():
     assert lines[4] == "| tide | 4.00 [4.00-12.00] | 4.00 [4.00-4.00] |"
     assert lines[5] == "| LP bound (valid) | 1.00 [1.00-1.00] | 1.00 |"
     assert len(lines) == 6  # hybrimoe never ran
+    no_lp = {s: [_run(r.system, r.pct, r.result.ratio_to_full) for r in v] for s, v in _three_seeds().items()}
+    assert seed_table(no_lp, ["oled"], (25,)).splitlines() == [  # no LP anywhere: no x bound columns
+        "| system | 25%: x fused |", "|---|---|", "| oled | 3.00 [2.00-10.00] |"]
 
 
 def test_seed_margin_is_median_and_range_of_strongest_over_oled():
