@@ -94,6 +94,7 @@ class Requests:
     tokens: np.ndarray  # [J] tokens routed
     prev: np.ndarray  # [J] previous request of the same item in the window, -1 if none
     next: np.ndarray  # [J] next request of the same item, -1 if none
+    num_items: int = 0  # L * E: the item index space (prices are indexed by item)
 
 
 def window_requests(counts: np.ndarray, forwards: np.ndarray) -> Requests:
@@ -109,7 +110,7 @@ def window_requests(counts: np.ndarray, forwards: np.ndarray) -> Requests:
     prev[order[1:][same]] = order[:-1][same]
     nxt[order[:-1][same]] = order[1:][same]
     return Requests(sub.shape[0], L, acc.astype(np.int64), item.astype(np.int64), sub[acc, exp].astype(np.float64),
-                    prev, nxt)
+                    prev, nxt, L * E)
 
 
 @dataclass
@@ -123,6 +124,8 @@ class WindowSolution:
     copies: np.ndarray  # c0 + cm + ce
     solve_s: float
     status: str
+    start_state: np.ndarray | None = None  # [items] residency at the window's start (priced windows only)
+    end_state: np.ndarray | None = None  # [items] residency at its end (priced windows only)
 
 
 class _Builder:
@@ -153,9 +156,30 @@ class _Builder:
                              shape=(self.n, ncols)).tocsr()
 
 
-def solve_window(req: Requests, cm: CostModel, total_slots: int, first_nonexpert: bool = True) -> WindowSolution:
-    """The LP of one window (module docstring); ``first_nonexpert=False`` drops access 0's non-expert part."""
+def solve_window(req: Requests, cm: CostModel, total_slots: int, first_nonexpert: bool = True,
+                 price_in: np.ndarray | None = None, price_out: np.ndarray | None = None) -> WindowSolution:
+    """The LP of one window (module docstring); ``first_nonexpert=False`` drops access 0's non-expert part.
+
+    ``price_in`` / ``price_out`` (microseconds per item, >= 0, ``[req.num_items]``): the Lagrangian
+    prices of ``sim/lp_coupled.py``. Each unit of residency at the start costs ``price_in`` (the
+    start state is then what has *landed*: a copy in flight at the start is a copy of this window,
+    and the one copy the engine may be running at the start is granted as slack); each unit at the
+    end earns ``price_out``: an item kept from its last request to the end, kept from the start
+    through a window that does not request it, or copied to land by the end (on the copy engine,
+    holding a slot in the last snapshot only).
+    """
     N, L, J = req.num_accesses, req.num_layers, req.access.size
+    priced = price_in is not None or price_out is not None
+    pin = np.zeros(req.num_items) if price_in is None else np.asarray(price_in, dtype=np.float64)
+    pout = np.zeros(req.num_items) if price_out is None else np.asarray(price_out, dtype=np.float64)
+    for name, pr in (("price_in", pin), ("price_out", pout)):
+        if pr.shape != (req.num_items,) or not np.isfinite(pr).all() or (pr < 0).any():
+            raise ValueError(f"{name} must be finite and >= 0, one per item ({req.num_items}); got shape {pr.shape}")
+    last_j = np.flatnonzero((req.next < 0) & (pout[req.item] > 0))
+    requested = np.zeros(req.num_items, dtype=bool)
+    requested[req.item] = True
+    out_items = np.flatnonzero(pout > 0)
+    idle_items = out_items[~requested[out_items]]  # earn at the end, not requested in this window
     tau = req.access
     has_prev = req.prev >= 0
     gap_start = np.where(has_prev, tau[np.maximum(req.prev, 0)], -1)  # access of the previous request
@@ -172,7 +196,8 @@ def solve_window(req: Requests, cm: CostModel, total_slots: int, first_nonexpert
     o = {}
     pos = 0
     for name, size in (("g", J), ("kin", J), ("c0", J), ("cm", J), ("ce", int(early.sum())), ("M", N), ("y", N),
-                       ("z", N), ("A", N), ("P", N), ("Q0", N), ("QM", N), ("QE", N), ("W", N)):
+                       ("z", N), ("A", N), ("P", N), ("Q0", N), ("QM", N), ("QE", N), ("W", N),
+                       ("kend", last_j.size), ("x", idle_items.size), ("p", out_items.size)):
         o[name] = np.arange(pos, pos + size)
         pos += size
     nvar = pos
@@ -233,13 +258,13 @@ def solve_window(req: Requests, cm: CostModel, total_slots: int, first_nonexpert
     ineq.add(rows, o["M"], -1.0)
     b_ineq.append(-ne)
     # capacity before: A + sum (kin + cm + ce) <= S ; after: A + sum kin_next <= S
-    rows = ineq.rows(N)
+    rows = before = ineq.rows(N)
     ineq.add(rows, o["A"], 1.0)
     ineq.add(rows[tau], o["kin"], 1.0)
     ineq.add(rows[tau], o["cm"], 1.0)
     ineq.add(rows[tau[early]], o["ce"], 1.0)
     b_ineq.append(np.full(N, float(total_slots)))
-    rows = ineq.rows(N)
+    rows = after = ineq.rows(N)
     ineq.add(rows, o["A"], 1.0)
     ineq.add(rows[tau[sel]], o["kin"][req.next[sel]], 1.0)
     b_ineq.append(np.full(N, float(total_slots)))
@@ -254,6 +279,11 @@ def solve_window(req: Requests, cm: CostModel, total_slots: int, first_nonexpert
     s_ce = tau[early] - L
     eq.add(rows[s_ce], o["ce"], -1.0)
     eq.add(rows[tau[early]], o["ce"], 1.0)
+    if priced:  # kept to the end: from the last request on; an idle item all window
+        t_end = tau[last_j]
+        held = t_end + 1 < N
+        eq.add(rows[t_end[held] + 1], o["kend"][held], -1.0)
+        eq.add(np.zeros(idle_items.size, dtype=np.int64) + rows[0], o["x"], -1.0)
     b_eq.append(np.zeros(N))
     # prefix sums: P_t = P_{t-1} + M_t ; Q*_t = Q*_{t-1} + cs * sum c*
     for name, var, sel_j in (("P", "M", None), ("Q0", "c0", jj), ("QM", "cm", jj), ("QE", "ce", jj[early])):
@@ -265,11 +295,13 @@ def solve_window(req: Requests, cm: CostModel, total_slots: int, first_nonexpert
         else:
             eq.add(rows[tau[sel_j]], o[var], -cs)
         b_eq.append(np.zeros(N))
-    # cumulative copy engine: Q0 + QM + QE - P <= 0
+    # cumulative copy engine: Q0 + QM + QE - P <= 0 (+ cs: the copy running at a landed-state start)
     rows = ineq.rows(N)
     for name, sign in (("Q0", 1.0), ("QM", 1.0), ("QE", 1.0), ("P", -1.0)):
         ineq.add(rows, o[name], sign)
-    b_ineq.append(np.zeros(N))
+    b_ineq.append(np.full(N, cs if price_in is not None else 0.0))
+    if priced:
+        _end_state_rows(req, o, ineq, b_ineq, r_terms, cs, last_j, idle_items, out_items, (before, after), rows)
     # Horn, c0 + cm: W_b >= Q0_b + QM_b - P_b ; W_b >= W_{b+1} ; W_{a+L} <= Q0_{a-1} + QM_{a+L-1} - P_{a-1}
     rows = ineq.rows(N)
     for name, sign in (("Q0", 1.0), ("QM", 1.0), ("P", -1.0), ("W", -1.0)):
@@ -288,6 +320,12 @@ def solve_window(req: Requests, cm: CostModel, total_slots: int, first_nonexpert
     b_ineq.append(np.zeros(a.size))
     cost = np.zeros(nvar)
     cost[o["M"]] = 1.0
+    if priced:
+        first = jj[~has_prev]
+        cost[o["kin"][first]] += pin[req.item[first]]
+        cost[o["x"]] += pin[idle_items] - pout[idle_items]
+        cost[o["kend"]] -= pout[req.item[last_j]]
+        cost[o["p"]] -= pout[out_items]
     t0 = time.perf_counter()
     bu, be = np.concatenate(b_ineq), np.concatenate(b_eq)
     res = linprog(cost, A_ub=ineq.matrix(nvar), b_ub=bu, A_eq=eq.matrix(nvar), b_eq=be,
@@ -298,7 +336,48 @@ def solve_window(req: Requests, cm: CostModel, total_slots: int, first_nonexpert
     x = res.x
     copies = x[o["c0"]] + x[o["cm"]]
     copies[early] += x[o["ce"]]
-    return WindowSolution(float(res.fun) / US, req, x[o["g"]], x[o["kin"]], copies, solve_s, res.message)
+    start = end = None
+    if priced:
+        first = jj[~has_prev]
+        start = np.zeros(req.num_items)
+        start[req.item[first]] = x[o["kin"]][first]
+        start[idle_items] = x[o["x"]]
+        end = np.zeros(req.num_items)
+        end[out_items] = x[o["p"]]
+        end[req.item[last_j]] += x[o["kend"]]
+        end[idle_items] += x[o["x"]]
+    return WindowSolution(float(res.fun) / US, req, x[o["g"]], x[o["kin"]], copies, solve_s, res.message, start, end)
+
+
+def _end_state_rows(req: Requests, o: dict[str, np.ndarray], ineq: _Builder, b_ineq: list[np.ndarray], r_terms,
+                    cs: float, last_j: np.ndarray, idle_items: np.ndarray, out_items: np.ndarray,
+                    snapshots: tuple[np.ndarray, np.ndarray], cum: np.ndarray) -> None:
+    """A priced window's end state (``solve_window``'s docstring), added to ``ineq`` in place.
+
+    ``kend_j <= r_j`` (kept from its last request j); per item ``kend + p <= 1`` (``x + p <= 1`` if not
+    requested); ``kend`` counts in the snapshots after its request (the A recurrence holds it
+    later); ``p`` in both snapshots of the last access (a copy is issued at a plan, its victim is
+    not an expert that access requests: one issued earlier holds its slot through the last access,
+    one issued at the last plan beside that access's resident experts); ``p`` copies land by the
+    end (the last cumulative copy-engine row).
+    """
+    N = req.num_accesses
+    before, after = snapshots
+    pos = np.full(req.num_items, -1, dtype=np.int64)
+    pos[out_items] = np.arange(out_items.size)
+    rows = ineq.rows(last_j.size)
+    ineq.add(rows, o["kend"], 1.0)
+    r_terms(rows, last_j, -1.0)
+    b_ineq.append(np.zeros(last_j.size))
+    rows = ineq.rows(out_items.size)
+    ineq.add(rows, o["p"], 1.0)
+    ineq.add(rows[pos[req.item[last_j]]], o["kend"], 1.0)
+    ineq.add(rows[pos[idle_items]], o["x"], 1.0)
+    b_ineq.append(np.ones(out_items.size))
+    ineq.add(after[req.access[last_j]], o["kend"], 1.0)
+    ineq.add(np.full(out_items.size, after[N - 1]), o["p"], 1.0)
+    ineq.add(np.full(out_items.size, before[N - 1]), o["p"], 1.0)
+    ineq.add(np.full(out_items.size, cum[N - 1]), o["p"], cs)
 
 
 def ub_lb(nvar: int, o: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
