@@ -136,6 +136,22 @@ def test_live_cpu_scale_moves_from_a_2x_wrong_belief_toward_the_measured_one(tin
     assert wrong.cost_model.cpu_overhead_s > 1.8 * cal.base.cpu_overhead_s  # decisions read the corrected belief
 
 
+def test_calibration_moves_where_misses_are_served_never_the_tokens(tiny_path, reference):
+    """A belief 8x too fast for the CPU (copies at their load-time measured cost) sends most misses to
+    the CPU; calibrated, the belief learns the CPU is slower and copies more of them. Same tokens."""
+    cpu_tokens = {}
+    for on in (0, 1):
+        model = OledLLaDA2ForDiffusionLM.from_pretrained(
+            tiny_path, offload_config=OffloadConfig(cache_size=4, system="oled", cpu_compute="on")).eval()
+        rt = model._offload_runtime
+        system = rt.controller.system.with_knobs(dispatch__calibrate=on)
+        rt.controller.dispatcher = build_dispatcher(system, rt.cost_model.believed(cpu_scale=8.0))
+        assert torch.equal(model.generate(PROMPT, **GEN), reference), on
+        cpu_tokens[on] = model.offload_stats()["total"]["cpu_expert_tokens"]
+    assert rt.controller.dispatcher.calibrator.scales["cpu_fixed"] > 2
+    assert 0 < cpu_tokens[1] < cpu_tokens[0]  # the calibrated dispatcher decided differently
+
+
 def test_block_end_publishes_the_calibrated_belief(tiny_path):
     model, d, _ = _calibrating(tiny_path)
     d.calibrator.settings = CalibrationSettings(every=10**6, min_samples=1)  # no rebuild between block ends
