@@ -1,19 +1,28 @@
 """Where the headline system's time above the valid bound goes: a telescoping decomposition.
 
-The system is re-run step by step, each step removing one cause with everything else unchanged;
-each share is the time the step removes, so the shares sum exactly to ``system - LP bound``
-(the order is fixed and stated, as shares of a telescoping sum depend on it):
+The system is re-run step by step, each step removing one cause on top of the previous steps,
+everything else unchanged; each share is the time the step removes, so the shares sum exactly to
+``system - bound`` (the order is fixed and stated: shares of a telescoping sum depend on it). Every
+run decides with the original cost model (``replay(believed=...)``), so a step that re-costs does
+not also change the decisions it re-costs:
 
 1. ``planner``: the host planner's time per access (the report charges a stated constant); the
    same system replayed with a zero planner. The bound plans nothing.
-2. ``retention (misses vs an offline schedule)``: the system's retention replaced by Belady's
-   oracle (``belady``: it knows the whole future), its dispatch, prefetch and allocation kept;
-   what better knowledge of which experts to keep would buy.
-3. ``remaining: offline schedule -> LP bound``: the rest, i.e. the bracket's width where the
-   oracle run is the best offline schedule known, plus whatever the oracle run still loses to it
-   (routing discovered only at the router, the dispatcher's split, the allocator's split across
-   layers), plus the relaxation's own gap (fractional schedules, windows that start from a free
-   cache). These are *not* separated here.
+2. ``CPU batch overhead``: the true cost model's ``cpu_overhead_s`` (activations to the host and
+   back, thread-pool wake-up, once per access with CPU experts) set to 0. The bound charges it too,
+   once per access with CPU experts, so this share can exceed what the bound leaves to remove:
+   the rest then comes out lower (read it as the overhead's part of the system's time).
+3. ``discovery at the router``: the routing known ahead: demand copies issued at the layer's start
+   instead of after its non-expert part (the router); the experts still run after it (they need
+   its activations). A :class:`~oled_hf.sim.timeline.Timeline` subclass, put in replay's place
+   for that run only.
+4. ``layer-adaptive allocation vs uniform``: the system's allocation part swapped (adaptive ->
+   uniform, or uniform -> adaptive); negative where the system's own allocation is the better.
+5. ``retention (misses vs an offline schedule)``: the retention replaced by Belady's oracle
+   (``belady``: it knows the whole future), its dispatch, prefetch and allocation kept.
+6. ``remaining: oracle run -> bound``: the rest: what the oracle run still loses to the best
+   offline schedule (the dispatcher's copy/CPU split and admission among them: *not* separated
+   here, no oracle split exists to swap in), the bracket's width, and the relaxation's own gap.
 
 Each step is a replay on the same timeline with the true cost model (``sim/replay.py``).
 """
@@ -21,7 +30,9 @@ Each step is a replay on the same timeline with the true cost model (``sim/repla
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from dataclasses import dataclass
+from unittest import mock
 
 import numpy as np
 
@@ -30,9 +41,33 @@ from oled_hf.offload.system import System
 
 from .belady import request_sets
 from .replay import replay
+from .timeline import LayerTiming, Timeline
 from .trace import Trace
 
-STEPS = ("planner", "retention (misses vs an offline schedule)", "remaining: offline schedule -> LP bound")
+# the module (the package re-exports its ``replay`` function under the same name)
+replay_module = importlib.import_module("oled_hf.sim.replay")
+STEPS = ("planner", "CPU batch overhead", "discovery at the router", "layer-adaptive allocation vs uniform",
+         "retention (misses vs an offline schedule)", "remaining: oracle run -> bound")
+
+
+class KnownAheadTimeline(Timeline):
+    """Replay's timeline with the routing known at the layer's start: its copies are issued then.
+
+    The GPU and CPU experts still start after the non-expert part (``begin_layer``'s plan, taken
+    at the layer's start, is only when copies may be issued).
+    """
+
+    _compute_from: float = 0.0
+
+    def begin_layer(self, nonexpert_s: float, planner_s: float) -> tuple[float, float]:
+        start = self.gpu_free
+        self._compute_from = start + nonexpert_s
+        return start, self.host(start, planner_s)
+
+    def end_layer(self, start: float, plan_ready: float, gpu_fixed_s: float, ready: np.ndarray, gpu_s: np.ndarray,
+                  cpu_s: float, cpu_shared_s: float | None = None) -> LayerTiming:
+        return super().end_layer(start, max(plan_ready, self._compute_from), gpu_fixed_s, ready, gpu_s, cpu_s,
+                                 cpu_shared_s)
 
 
 @dataclass
@@ -56,16 +91,24 @@ class Decomposition:
 def decompose(trace: Trace, system: System, size: int, cm: CostModel, planner_s: float, bound_s: float,
               warmup_sequences: int = 1) -> Decomposition:
     """The shares of ``system``'s time above ``bound_s`` at ``size`` slots per layer (module docstring)."""
-    def run(s: System, planner: float) -> float:
-        return replay(trace, "step", size, system=s, cost_model=cm, planner_s=planner,
-                      warmup_sequences=warmup_sequences).sim_time_s
+    def run(s: System, planner: float, true_cm: CostModel = cm, ahead: bool = False) -> float:
+        def go() -> float:
+            return replay(trace, "step", size, system=s, cost_model=true_cm, believed=cm, planner_s=planner,
+                          warmup_sequences=warmup_sequences).sim_time_s
+        if not ahead:
+            return go()
+        with mock.patch.object(replay_module, "Timeline", KnownAheadTimeline):
+            return go()
 
-    t0 = run(system, planner_s)
-    t1 = run(system, 0.0)
-    knobs = {k: v for k, v in system.knobs.items() if not k.startswith("retention.")}
-    oracle = dataclasses.replace(system, retention="belady", knobs=knobs).with_knobs(
+    no_overhead = dataclasses.replace(cm, cpu_overhead_s=0.0)
+    swapped = dataclasses.replace(system, allocation="uniform" if system.allocation == "adaptive" else "adaptive")
+    knobs = {k: v for k, v in swapped.knobs.items() if not k.startswith("retention.")}
+    oracle = dataclasses.replace(swapped, retention="belady", knobs=knobs).with_knobs(
         retention__future=list(request_sets(trace)))
-    t2 = run(oracle, 0.0)
-    shares = [(STEPS[0], t0 - t1), (STEPS[1], t1 - t2), (STEPS[2], t2 - bound_s)]
-    assert np.isclose(sum(s for _, s in shares), t0 - bound_s)
-    return Decomposition(t0, bound_s, shares)
+    times = [run(system, planner_s), run(system, 0.0), run(system, 0.0, no_overhead),
+             run(system, 0.0, no_overhead, True), run(swapped, 0.0, no_overhead, True),
+             run(oracle, 0.0, no_overhead, True)]
+    shares = [(name, a - b) for name, a, b in zip(STEPS, times, times[1:])]
+    shares.append((STEPS[-1], times[-1] - bound_s))
+    assert np.isclose(sum(s for _, s in shares), times[0] - bound_s)
+    return Decomposition(times[0], bound_s, shares)
