@@ -30,7 +30,16 @@ The algorithm, per MoE layer with ``C`` slots (the planner's current allocation)
 * Admission (``admit_min`` > 0; off at 0): a miss may take a slot only if its ``p`` is at least
   ``admit_min``, else it runs on the CPU. The greedy offline schedule never copies an expert it
   will not use again; this is the online version of that rule.
-* Priority: the base policy's (``base``: ``lru``, ``oled`` or ``value``); retention is not changed.
+* Priority: the base policy's (``base``: one of ``BASES``); retention is not changed.
+
+Measured (issue 36, engineer R1; ``eval/value_sweep.py`` rows ``horizon-amort``/``horizon-reuse``, mini
+on H200 + PCIe 5): it does not beat ``oled``. The learned chance is high (0.66-0.96 per bin at 40 %),
+and fed undiscounted to the amortised split it over-copies (5.4 copies per access against 4.0 for
+``lru+cpu``; 4.62x against 3.55x fused on mini-like dev s1 at 40 %): a reuse saves less than the
+split's ``copy_time / (1 + reuse)`` credits when the copy engine is saturated and the next miss
+would run on the CPU in parallel. Discounted (``discount`` 0.1) it is within 0.5 % of ``oled`` at
+15/25 % and 6-9 % slower at 40 %; the admission floor changes nothing (every requested expert's
+usage EMA is at least ``1 - usage_decay``, and that bin already reuses 66-80 % of the time).
 """
 
 from __future__ import annotations
