@@ -39,8 +39,9 @@ def _in_process_server(args):
         scratch = tempfile.TemporaryDirectory()
         model_path = str(make_checkpoint(os.path.join(scratch.name, "tiny"), preset="tiny", seed=0))
     model, tokenizer = load_model(model_path, device=args.device)
+    wait = {} if args.batch_wait_ms is None else {"batch_wait_ms": args.batch_wait_ms}
     engine = Engine(model, tokenizer, max_queue=args.max_queue, block_length=args.block_length,
-                    max_batch_size=args.max_batch_size, batch_wait_ms=args.batch_wait_ms)
+                    max_batch_size=args.max_batch_size, **wait)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # asyncio then sets TCP_NODELAY
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(create_app(engine, "load-test"), log_level="warning"))
@@ -98,7 +99,8 @@ def main() -> int:
     p.add_argument("--max-queue", type=int, default=16)
     p.add_argument("--threads", type=int, default=1, help="torch threads of the in-process server")
     p.add_argument("--max-batch-size", type=int, default=8, help="in-process server: requests per generate")
-    p.add_argument("--batch-wait-ms", type=float, default=10.0, help="in-process server: batching window")
+    p.add_argument("--batch-wait-ms", type=float, default=None,
+                   help="in-process server: batching window (default: the engine's)")
     p.add_argument("--requests", type=int, default=50)
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=16)
