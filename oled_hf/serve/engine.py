@@ -225,7 +225,11 @@ def load_model(path: str, device: str = "auto", cache_size: int | None = None, p
     if any(fields.get(name) is not None for name in BUDGETS):
         if policy and system:
             raise ValueError("--policy and --offload-system both given: pass one")
-        choice = {"policy": policy} if policy else {"system": system} if system else {}
+        if policy:  # the CLI's own --policy: resolved here, never the deprecated alias (no FutureWarning)
+            from ..offload.system import spelling, system_of_legacy
+
+            system = spelling(system_of_legacy(policy))
+        choice = {"system": system} if system else {}
         kwargs["offload_config"] = OffloadConfig(**fields, **choice)  # refuses two budgets, naming them
     elif policy is not None or system is not None:
         raise ValueError(f"{'--policy' if policy else '--offload-system'} needs a budget (--cache-size, "

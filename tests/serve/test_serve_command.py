@@ -122,3 +122,15 @@ def test_serve_command_starts_and_stops(tiny_path):
     assert proc.returncode == 0, err
     assert f"OpenAI API at http://127.0.0.1:{port}/v1" in err
     assert "offloading on; batches of up to 4, 64 tokens per request" in err
+
+
+def test_policy_loads_its_system_without_a_deprecation_warning(tiny_path):
+    """serve/chat --policy is the CLI's own spelling: the user's stderr gets no FutureWarning for it."""
+    import warnings
+
+    from oled_hf.serve.engine import load_model
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        model, _ = load_model(str(tiny_path), device="cpu", cache_size=4, policy="lru")
+    assert model.offload_stats()["system"].startswith("lru+")
