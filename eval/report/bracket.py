@@ -24,13 +24,12 @@ import time
 import numpy as np
 
 from oled_hf.offload.costmodel import CostModel
-from oled_hf.sim.belady import request_sets
 from oled_hf.sim.bound import physical_bound, request_counts, timed_forwards
+from oled_hf.sim.bracket import offline_schedules
 from oled_hf.sim.decompose import decompose
-from oled_hf.sim.ladder import FAIR_BASE, pure_caching, rung_system
+from oled_hf.sim.ladder import FAIR_BASE
 from oled_hf.sim.lp_bound import full_time, lp_bound_counts
 from oled_hf.sim.lp_coupled import lp_bound_coupled
-from oled_hf.sim.offline import accesses_of, best_greedy
 from oled_hf.sim.replay import replay
 from oled_hf.sim.report import SYSTEMS, md_table, slots_for
 from oled_hf.sim.trace import load_trace
@@ -61,9 +60,6 @@ def main() -> None:
         timed = np.zeros_like(timed)
         timed[keep] = True
     full = full_time(counts, timed, cm)
-    last = int(np.flatnonzero(timed)[-1]) + 1
-    first = int(np.flatnonzero(timed)[0])
-    accs = accesses_of(counts, np.arange(last))
     print(f"{args.trace}: {int(timed.sum())} timed forwards, {trace.num_layers}x{trace.num_experts}, "
           f"fused {1e3 * full:.2f} ms, LP window {args.window} forwards")
     for pct in args.sizes:
@@ -81,19 +77,13 @@ def main() -> None:
             bound_s = max(bound_s, coupled.time_s)
         rows.append(("LP bound (valid, the larger)", bound_s))
         t0 = time.perf_counter()
-        greedy, credit = best_greedy(accs, cm, total, timed_from=first * trace.num_layers)
+        fair = next(s for s in SYSTEMS if s.name == FAIR_BASE).system(TUNED[FAIR_BASE])
+        offline = offline_schedules(trace, cm, size, fair, 1, timed if args.max_forwards else None)
         gr_s = time.perf_counter() - t0
         old = physical_bound(trace, cm, total, 1).ratio_to_full if not args.max_forwards else float("nan")
-        n_bounds = len(rows)
-        rows.append((f"greedy offline schedule (credit {credit:g})", greedy))
+        rows += offline.rows
         if not args.max_forwards:
-            fair = next(s for s in SYSTEMS if s.name == FAIR_BASE).system(TUNED[FAIR_BASE])
-            future = list(request_sets(trace))
-            for label, base in (("belady + lru-full's dispatch", fair), ("belady, pure caching", pure_caching(fair))):
-                r = replay(trace, label, size, system=rung_system(base, "belady", future), cost_model=cm, planner_s=0.0,
-                           warmup_sequences=1)
-                rows.append((f"{label} (offline)", r.sim_time_s))
-            rows.append(("best offline schedule", min(t for _, t in rows[n_bounds:])))
+            rows.append(("best offline schedule", offline.best_s))
             for spec in SYSTEMS:
                 if spec.name in TUNED:
                     system = spec.system(TUNED[spec.name])
@@ -101,7 +91,7 @@ def main() -> None:
                                warmup_sequences=1)
                     rows.append((spec.name, r.sim_time_s))
         print(f"-- {pct:g}% ({size} slots/layer, {total} total): LP {lp_s:.0f} s ({len(lp.windows)} windows), "
-              f"greedy {gr_s:.0f} s; old MIN bound (loose) {old:.2f}x fused")
+              f"offline schedules {gr_s:.0f} s; old MIN bound (loose) {old:.2f}x fused")
         for name, t in rows:
             print(f"   {name:26s} {1e3 * t:9.2f} ms  {t / full:6.2f} x fused  {t / bound_s:6.2f} x LP bound",
                   flush=True)

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from ..progress import add_quiet_argument, progress
-from .report_sections import like_figures, miscalibration_section, seed_group_section
+from .report_sections import bracket_section, like_figures, miscalibration_section, seed_group_section
 
 RECORD_COMMAND = "LONG_ONLY=1 eval/record_traces.sh TRACES oled_hf/toy/long/checkpoint"
 PREDICTOR_FIGURE, PREDICTOR_TEXT = "i_predictors.png", "i_predictors.txt"  # eval/predictor_quality.py's, if present
@@ -272,6 +272,8 @@ def report_cmd(args: argparse.Namespace) -> int:
     sec[-1] += "\n\n![(g)](g_overhead.png)"
     sec.append(miscalibration_section(main, trace, cm, planner, tuned, prof))
     sec.append(ladder_section(infos, traces, costs, tuned, profile, planner, out, sim_note, later_seeds))
+    picked = [main] + [i for i in infos if i.label in first_seed and i is not main and i.batch_size == 1]
+    sec.append(bracket_section(picked, traces, costs, tuned, profile, planner))  # at 40%: always among the sizes
     rp.write_markdown(out / "report.md", sec)
     print(f"[report] wrote {out / 'report.md'}")
     return 0

@@ -127,3 +127,53 @@ def miscalibration_section(main, trace, cm, planner, tuned, prof) -> str:
             "`eval/calibration_sweep.py` prints the same rows long, with the learned scales.\n\n"
             f"Target: oled calibrated <= {rc.CAL_LIMIT:g} x oled true, per belief and size.\n"
             + "\n".join(rc.calibration_checks(rows, rp.HEADLINE_PCT, wrong)) + "\n\n" + "\n\n".join(parts_cal))
+
+
+def bracket_section(picked: list, traces: dict, costs: dict, tuned: dict, profile, planner, pct: float = 40) -> str:
+    """(j): the optimum bracketed (the valid LP bound below, the best offline schedule above, ``sim/bracket.py``)
+    and oled's time above the bound decomposed (``sim/decompose.py``) on each trace of ``picked`` at ``pct``."""
+    from ..sim import report as rp
+    from ..sim.bracket import offline_schedules
+    from ..sim.decompose import decompose
+    from ..sim.ladder import FAIR_BASE
+
+    parts = [f"## (j) The optimum bracketed, and where oled's time above the bound goes ({pct:g}%)\n"
+             "Below: the valid LP bound of the tables above (`sim/lp_bound.py`, free-cache windows). Above: the best "
+             "of several offline schedules timed on replay's own timeline (`sim/bracket.py`: the greedy offline "
+             "schedule of `sim/offline.py`, Belady's oracle retention under the strongest fair dispatch and under "
+             "pure caching; no planner time). The optimum lies between them; the width is what the relaxation "
+             "drops plus the schedules' myopia, not separated here. Then oled's time above the bound as a "
+             "telescoping sum (`sim/decompose.py`: each cause removed on top of the previous ones, decisions from "
+             "the same beliefs, so the shares add up to the gap; its docstring states the order). One trace per "
+             "command: `eval/report/bracket.py TRACE --sizes 40 --window W --decompose`."]
+    spec = {s.name: s for s in rp.SYSTEMS}
+    for info in picked:
+        trace, cm = traces[info.label], costs[info.label]
+        mine = rp.pick(info.runs, rp.OURS, pct)
+        if mine is None or not mine.bound_ratio:
+            parts.append(f"### {info.label}\nNot produced: no LP bound at {pct:g}% on this trace.")
+            continue
+        full_s = mine.result.sim_time_s / mine.result.ratio_to_full
+        bound_s = mine.bound_ratio * full_s
+        prof = profile if profile is not None and profile.shape == (trace.num_layers, trace.num_experts) else None
+        size = rp.slots_for(pct, trace.num_experts)
+        print(f"[report] (j) offline schedules and decomposition on {info.label}", flush=True)
+        fair = rp.resolve(spec[FAIR_BASE], tuned.get(FAIR_BASE), prof)
+        offline = offline_schedules(trace, cm, size, fair, info.warmup)
+        rows = [["valid LP bound", f"{bound_s / full_s:.2f}", "1.00"]]
+        rows += [[name, f"{t / full_s:.2f}", f"{t / bound_s:.2f}"] for name, t in offline.rows]
+        rows.append(["**best offline schedule**", f"{offline.best_s / full_s:.2f}", f"{offline.best_s / bound_s:.2f}"])
+        best = rp.strongest_fair(info.runs, pct)
+        for r in [mine] + ([best] if best is not None else []):
+            rows.append([f"{r.system}" + (" (strongest other)" if r is best else ""),
+                         f"{r.result.ratio_to_full:.2f}", f"{r.x_bound:.2f}"])
+        ours = rp.resolve(spec[rp.OURS], tuned.get(rp.OURS), prof)
+        d = decompose(trace, ours, size, cm, planner, bound_s, warmup_sequences=info.warmup)
+        parts.append(f"### {info.label} ({info.num_layers} MoE layers x {info.num_experts}, {size} slots per layer)\n"
+                     f"Bracket: the optimum lies in [{bound_s / full_s:.2f}, {offline.best_s / full_s:.2f}]x fused "
+                     f"(width {offline.best_s / bound_s:.2f}x; target 1.15x); oled is {mine.x_bound:.2f}x the bound "
+                     f"and {mine.result.sim_time_s / offline.best_s:.2f}x the best offline schedule.\n\n"
+                     + rp.md_table(["schedule or system", "x fused", "x LP bound"], rows)
+                     + "\n\noled above the LP bound:\n\n"
+                     + rp.md_table(["step", "ms", "share of the gap", "x fused"], d.table(full_s)))
+    return "\n\n".join(parts)

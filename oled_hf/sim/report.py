@@ -14,7 +14,10 @@ PNG plots:
     compensation, each step changing one part;
 (d) block length x cache size and (e) batch size, from traces that differ only in that setting;
 (f) PCIe 16/32/64 GB/s; (g) planner/policy host time per forward;
-(h) mis-calibration: every system's dispatcher believing the CPU or PCIe 0.25x-4x as fast as it is.
+(h) mis-calibration: every system's dispatcher believing the CPU or PCIe 0.25x-4x as fast as it is;
+(i) the oracle ladder (``sim/ladder.py``); (j) the optimum bracketed at 40% (the LP bound below, the best
+    offline schedule above, ``sim/bracket.py``) and oled's time above the bound decomposed
+    (``sim/decompose.py``).
 
 Every system is a composition of parts (``oled_hf.offload.system``): a published system is the
 composition its paper builds, and the strongest compositions of our own parts (``lru-full``,

@@ -39,7 +39,10 @@ def test_report_writes_markdown_and_plots(tmp_path, capsys):
                     "Target: oled calibrated <= 1.05 x oled true", "### 25%: believed vs calibrated vs true",
                     "| oled / strongest fair (calibrated) |",
                     "## (i) Oracle ladder", "# OLED-MoE evaluation on synthetic traces", "| synthetic | 8 | 1 |",
-                    "### syn-b16-bs1 (3 MoE layers x 16)", "Pure caching (`copy+uniform`)"):
+                    "### syn-b16-bs1 (3 MoE layers x 16)", "Pure caching (`copy+uniform`)",
+                    "## (j) The optimum bracketed, and where oled's time above the bound goes (40%)",
+                    "| valid LP bound | ", "| **best offline schedule** |", "| belady, pure caching (offline) |",
+                    "| retention (misses vs an offline schedule) |", "| remaining: oracle run -> bound |"):
         assert heading in md, heading
     for name in ("mixtral-offloading", "ktransformers", "moe-infinity+cpu", "lru-full", "lfu-full",
                  "+ confidence retention", "+ reuse-aware compensation", "16 GB/s", "block=16", "batch=2",
@@ -48,11 +51,14 @@ def test_report_writes_markdown_and_plots(tmp_path, capsys):
     pngs = {p.name for p in out.glob("*.png")}
     assert {"a_tpot_util_syn-b8-bs1.png", "b_gap_syn-b8-bs1.png", "c_ablation.png", "g_overhead.png",
             "d_syn.png", "e_syn.png", "i_ladder.png"} <= pngs
-    ladder = md[md.index("## (i) Oracle ladder"):]
+    ladder = md[md.index("## (i) Oracle ladder"):md.index("## (j) The optimum bracketed")]
     assert "### syn-b8-bs2" not in ladder  # batch-1 traces only
     for rung in ("| belady |", "| next-oracle |", "| previous-set |", "| phase |", "| lru |", "| lfu |", "| oled |"):
         assert ladder.count(rung) == 4, rung  # two traces x two dispatches
     assert "/ 1.000x |" in ladder  # lru's gain over itself
+    j = md[md.index("## (j) The optimum bracketed"):]
+    low, high = map(float, re.search(r"the optimum lies in \[([0-9.]+), ([0-9.]+)\]x fused", j).groups())
+    assert low <= high  # the valid LP bound below the best offline schedule
     h = md[md.index("## (h) Mis-calibration"):md.index("## (i) Oracle ladder")]
     checks = re.findall(r"^- (CPU|PCIe) x[0-9.]+, \d+%: oled calibrated / true = [0-9.]+ .* -> (MET|MISSED)$", h, re.M)
     assert len(checks) == 8 * len(HEADLINE_PCT)  # every wrong belief at every headline size

@@ -1,0 +1,68 @@
+"""The upper side of the bracket around the optimum: the best of several offline schedules on one trace.
+
+The lower side is the valid LP bound (``sim/lp_bound.py``, and ``sim/lp_coupled.py``); the upper
+side is any schedule the timeline can run, so the least of several is kept. Each is timed as
+``replay`` times a system (one warm-up handling, the true cost model), none pays planner time (an
+offline schedule plans nothing on the host):
+
+* the greedy offline schedule (``sim/offline.py``: Belady retention, per-access copy count chosen
+  on the timeline, best over its reuse credits);
+* replay with the ``belady`` retention oracle (it knows the whole future) under the strongest fair
+  system's dispatch and allocation;
+* the same oracle under pure caching (every miss copied, uniform split).
+
+Neither side is the optimum: the report prints both, and the width between them is what nobody here
+can yet attribute (to the LP's relaxation or to the schedules' myopia). ``eval/report/bracket.py``
+prints the same rows for one trace; ``oled-moe report`` puts them in section (j).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from oled_hf.offload.costmodel import CostModel
+from oled_hf.offload.system import System
+
+from .belady import request_sets
+from .bound import request_counts, timed_forwards
+from .ladder import pure_caching, rung_system
+from .offline import accesses_of, best_greedy
+from .replay import replay
+from .trace import Trace
+
+
+@dataclass
+class OfflineRows:
+    """Seconds of each offline schedule (name, seconds) on one trace at one size; the least is the upper side."""
+
+    rows: list[tuple[str, float]]
+
+    @property
+    def best_s(self) -> float:
+        return min(t for _, t in self.rows)
+
+
+def offline_schedules(trace: Trace, cm: CostModel, size: int, fair: System, warmup_sequences: int = 1,
+                      timed: np.ndarray | None = None) -> OfflineRows:
+    """Every offline schedule of the module docstring at ``size`` slots per layer (``fair``: whose dispatch the
+    oracle replays keep). ``timed``: a mask of the forwards to time (a trace cut short) instead of every forward
+    after ``warmup_sequences``; only the greedy schedule then (replay times whole sequences)."""
+    counts = request_counts(trace)
+    oracle_replays = timed is None
+    timed = timed_forwards(trace, warmup_sequences) if timed is None else timed
+    idx = np.flatnonzero(timed)
+    if idx.size == 0:
+        raise ValueError("offline schedules: the trace has no timed forward after its warm-up sequences")
+    accs = accesses_of(counts, np.arange(int(idx[-1]) + 1))
+    greedy, credit = best_greedy(accs, cm, size * trace.num_layers, timed_from=int(idx[0]) * trace.num_layers)
+    rows = [(f"greedy offline schedule (credit {credit:g})", greedy)]
+    if oracle_replays:
+        future = list(request_sets(trace))
+        for label, base in (("belady + the strongest fair dispatch", fair),
+                            ("belady, pure caching", pure_caching(fair))):
+            r = replay(trace, label, size, system=rung_system(base, "belady", future), cost_model=cm, planner_s=0.0,
+                       warmup_sequences=warmup_sequences)
+            rows.append((f"{label} (offline)", r.sim_time_s))
+    return OfflineRows(rows)
