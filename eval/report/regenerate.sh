@@ -11,7 +11,7 @@
 # Missing traces are recorded first (CPU, one thread: ~3 min for the long toy, ~8 min for the deep
 # one; ~1 min per synthetic trace), then everything is replayed
 # (~25 min on one busy core). Every system is tuned on the deep toy's dev trace (training
-# prompts). Simulated times are deterministic: the figures do not depend on the machine (except
+# prompts). Section (j) adds the LP bound in windows of 8 forwards on the main trace (~10 min). Simulated times are deterministic: the figures do not depend on the machine (except
 # section (g), measured host time).
 set -euo pipefail
 T=${1:-traces}
@@ -51,4 +51,4 @@ fi
     --overwrite > eval/report/i_predictors.txt
 # shellcheck disable=SC2086
 "$MOE" report $DEEP $MINI $FLASH $LONG --dev "$DEV" --main $MAIN --out eval/report --sizes 15 25 40 100 \
-    --as-model llada2.0-mini --planner-us 20 --overwrite
+    --as-model llada2.0-mini --planner-us 20 --bracket-window 8 --overwrite

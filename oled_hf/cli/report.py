@@ -37,6 +37,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="forwards per window of the valid LP bound (oled_hf/sim/lp_bound.py; each window starts "
                         "from a free cache, so longer is tighter and slower: HiGHS takes seconds per window of "
                         "2 forwards at mini's shape); 0 leaves the LP bound out (default 2)")
+    p.add_argument("--bracket-window", type=int, default=0,
+                   help="section (j): also the LP bound in windows of this many forwards on the --main trace (the "
+                        "larger of the two bounds is kept; longer windows are tighter at 40%% and slower: the deep "
+                        "toy's takes minutes at 8); 0: the tables' bound only (default)")
     p.add_argument("--lp-all-seeds", action="store_true",
                    help="traces NAME-s<seed> form a seed group (median and range over seeds); its later seeds "
                         "replay at the headline sizes only and without the LP bound (the slow part) unless this "
@@ -56,6 +60,8 @@ def _check(args: argparse.Namespace) -> None:
     for path in [*args.traces, *([args.dev] if args.dev else [])]:
         if not Path(path).is_file():
             raise ValueError(f"trace {path}: no such file")
+    if args.bracket_window < 0:
+        raise ValueError(f"--bracket-window {args.bracket_window}: must be >= 0 forwards (0 = the tables' bound)")
     if args.lp_window < 0:
         raise ValueError(f"--lp-window {args.lp_window}: must be >= 0 forwards (0 = no LP bound)")
     if args.sizes and any(not 0 < s <= 100 for s in args.sizes):
@@ -273,7 +279,8 @@ def report_cmd(args: argparse.Namespace) -> int:
     sec.append(miscalibration_section(main, trace, cm, planner, tuned, prof))
     sec.append(ladder_section(infos, traces, costs, tuned, profile, planner, out, sim_note, later_seeds))
     picked = [main] + [i for i in infos if i.label in first_seed and i is not main and i.batch_size == 1]
-    sec.append(bracket_section(picked, traces, costs, tuned, profile, planner))  # at 40%: always among the sizes
+    sec.append(bracket_section(picked, traces, costs, tuned, profile, planner,  # 40%: always among the sizes
+                               windows={main.label: args.bracket_window} if args.bracket_window else {}))
     rp.write_markdown(out / "report.md", sec)
     print(f"[report] wrote {out / 'report.md'}")
     return 0

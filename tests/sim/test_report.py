@@ -29,7 +29,7 @@ def test_report_writes_markdown_and_plots(tmp_path, capsys):
     dev = tmp_path / "dev.trace"
     synthetic_trace(num_layers=3, num_experts=16, top_k=2, block_length=8, num_blocks=2, seed=9).save(str(dev))
     assert main(["report", *paths, "--dev", str(dev), "--out", str(out), "--sizes", "25", "100",
-                 "--planner-us", "10"]) == 0
+                 "--planner-us", "10", "--bracket-window", "4"]) == 0
     assert re.search(r"^report: done, 4/4 trace in ", capsys.readouterr().err, re.M)  # a log hears the duration
     md = (out / "report.md").read_text()
     for heading in ("## Traces", "### Headline", "## (c) Ablation", "## (d) Block length", "## (e) Batch size",
@@ -41,7 +41,8 @@ def test_report_writes_markdown_and_plots(tmp_path, capsys):
                     "## (i) Oracle ladder", "# OLED-MoE evaluation on synthetic traces", "| synthetic | 8 | 1 |",
                     "### syn-b16-bs1 (3 MoE layers x 16)", "Pure caching (`copy+uniform`)",
                     "## (j) The optimum bracketed, and where oled's time above the bound goes (40%)",
-                    "| valid LP bound | ", "| **best offline schedule** |", "| belady, pure caching (offline) |",
+                    "| **valid LP bound (the larger)** | ", "| valid LP bound, windows of 4 forwards |",
+                    "| **best offline schedule** |", "| belady, pure caching (offline) |",
                     "| retention (misses vs an offline schedule) |", "| remaining: oracle run -> bound |"):
         assert heading in md, heading
     for name in ("mixtral-offloading", "ktransformers", "moe-infinity+cpu", "lru-full", "lfu-full",
