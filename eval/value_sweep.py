@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 
-import oled_hf.offload.system as _system
 from oled_hf.fileio import check_new_file, write_atomically
 from oled_hf.offload.costmodel import CostModel
 from oled_hf.offload.system import parse_system
@@ -63,8 +62,6 @@ CANDIDATES: dict[str, tuple[str, list[dict[str, Any]]]] = {
                       [{"retention.base": "oled", "retention.admit_min": a, "dispatch.reuse_copies": 1}
                        for a in (0.0, 0.1, 0.3, 0.5)]),
 }
-if "horizon" not in _system.RETENTIONS:  # until the grammar names it (/work/notes/R1-preset.diff)
-    _system.RETENTIONS = (*_system.RETENTIONS, "horizon")
 
 
 def cost_model(trace, host_dram_gbps: float | None) -> CostModel:

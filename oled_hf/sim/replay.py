@@ -395,8 +395,7 @@ def replay(
             if prefetcher is not None and op == OP_BLOCK_START:
                 prefetcher.on_block_start(int(trace.marker(idx)[0]))
             host = clock() - t0 if measured else 0.0
-            if op == OP_BLOCK_END:
-                dispatcher.end_block()
+            if op == OP_BLOCK_END:  # the controller's on_block_end already published a calibrating belief
                 for move in ctrl.last_moves:
                     book.evicted(move.layer, move.evicted_expert)
                 if check_invariants:
