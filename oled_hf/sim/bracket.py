@@ -7,6 +7,8 @@ offline schedule plans nothing on the host):
 
 * the greedy offline schedule (``sim/offline.py``: Belady retention, per-access copy count chosen
   on the timeline, best over its reuse credits);
+* the same greedy plus prefetches into the copy engine's idle time (``sim/offline_search.py``, best
+  over its variants): at deep 40% it ends 8.5% sooner than the greedy alone (3.28 vs 3.58x fused);
 * replay with the ``belady`` retention oracle (it knows the whole future) under the strongest fair
   system's dispatch and allocation;
 * the same oracle under pure caching (every miss copied, uniform split).
@@ -29,6 +31,7 @@ from .belady import request_sets
 from .bound import request_counts, timed_forwards
 from .ladder import pure_caching, rung_system
 from .offline import accesses_of, best_greedy
+from .offline_search import PREFETCH_VARIANTS, best_search
 from .replay import replay
 from .trace import Trace
 
@@ -48,7 +51,7 @@ def offline_schedules(trace: Trace, cm: CostModel, size: int, fair: System, warm
                       timed: np.ndarray | None = None) -> OfflineRows:
     """Every offline schedule of the module docstring at ``size`` slots per layer (``fair``: whose dispatch the
     oracle replays keep). ``timed``: a mask of the forwards to time (a trace cut short) instead of every forward
-    after ``warmup_sequences``; only the greedy schedule then (replay times whole sequences)."""
+    after ``warmup_sequences``; only the two greedy schedules then (replay times whole sequences)."""
     counts = request_counts(trace)
     oracle_replays = timed is None
     timed = timed_forwards(trace, warmup_sequences) if timed is None else timed
@@ -56,8 +59,13 @@ def offline_schedules(trace: Trace, cm: CostModel, size: int, fair: System, warm
     if idx.size == 0:
         raise ValueError("offline schedules: the trace has no timed forward after its warm-up sequences")
     accs = accesses_of(counts, np.arange(int(idx[-1]) + 1))
-    greedy, credit = best_greedy(accs, cm, size * trace.num_layers, timed_from=int(idx[0]) * trace.num_layers)
-    rows = [(f"greedy offline schedule (credit {credit:g})", greedy)]
+    total, start = size * trace.num_layers, int(idx[0]) * trace.num_layers
+    greedy, credit = best_greedy(accs, cm, total, timed_from=start)
+    pre = best_search(accs, cm, total, timed_from=start, variants=PREFETCH_VARIANTS)
+    v = pre.variant
+    rows = [(f"greedy offline schedule (credit {credit:g})", greedy),
+            (f"greedy + prefetch into idle copy time (credit {v.credit:g}, horizon {v.horizon}, extra {v.extra})",
+             pre.time_s)]
     if oracle_replays:
         future = list(request_sets(trace))
         for label, base in (("belady + the strongest fair dispatch", fair),
