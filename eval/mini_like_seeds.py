@@ -12,6 +12,12 @@ seed, and the median and range. Every assumed figure is printed once with its so
 a dev trace of seed + 100; no tuning, so no held-out data is tuned on), timed as the model on H200 + PCIe 5.0
 (simulated); prints x fused as median [min-max] over seeds and how often each system is fastest. Replays are CPU
 heavy: about 1-2 min per seed and model on an idle core (19 layers), more for flash (31).
+
+``--tune-seeds S ...`` (with ``--replay``): every system instead searches its report grid (``report.tune``, at most
+4 settings) on traces of the same workload drawn with those seeds (the workload's own dev split: keep them out of
+``--seeds``), scored by the mean over the dev seeds of mean x fused at 15/25/40%, and replays the held-out seeds
+with its chosen setting; the chosen setting and every searched score are printed. The report tunes every system
+on the deep toy's dev trace instead; this asks whether the ranking survives tuning on the workload itself.
 """
 
 from __future__ import annotations
@@ -56,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replay", action="store_true", help="also replay every report system (CPU heavy)")
     p.add_argument("--systems", nargs="+", default=None, help="report systems to replay (default: all of them)")
     p.add_argument("--planner-us", type=float, default=20.0, help="planner us per access (default 20, as the report)")
+    p.add_argument("--tune-seeds", nargs="+", type=int, default=[],
+                   help="with --replay: tune every system on traces of these seeds first (disjoint from --seeds)")
     args = p.parse_args(argv)
     from oled_hf.sim import report as rp
 
@@ -72,6 +80,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mini_like_seeds: --seeds {' '.join(map(str, args.seeds))}: need at least 5 distinct non-negative "
               "seeds", file=sys.stderr)
         return 2
+    if set(args.tune_seeds) & set(args.seeds) or (args.tune_seeds and not args.replay) or min(args.tune_seeds,
+                                                                                                  default=0) < 0:
+        print(f"mini_like_seeds: --tune-seeds {' '.join(map(str, args.tune_seeds))}: need --replay, non-negative "
+              "seeds and none of --seeds (tuning on held-out seeds is not allowed)", file=sys.stderr)
+        return 2
     if args.sequences < 2 or args.blocks < 1:
         print("mini_like_seeds: --sequences must be at least 2 (one warm-up) and --blocks at least 1", file=sys.stderr)
         return 2
@@ -81,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ok_all = True
     for name in args.like:
         rows, runs, assumptions = {}, {}, None
+        args.tuned = tune_on_seeds(name, args) if args.tune_seeds else {}
         for seed in args.seeds:
             params, shape, trace = workload(name, seed, args.sequences, args.blocks)
             rows[seed] = figures(params, trace)
@@ -100,6 +114,35 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if ok_all else 1
 
 
+def tune_on_seeds(name: str, args: argparse.Namespace) -> dict[str, dict]:
+    """Per system, the report-grid setting of least mean x fused over the ``--tune-seeds`` traces (printed)."""
+    from oled_hf.sim import report as rp
+    from oled_hf.sim.hardware import cost_model_from_args
+
+    systems = [s for s in rp.SYSTEMS if args.systems is None or s.name in args.systems]
+    scores: dict[str, dict[str, list[float]]] = {}
+    knobs_of: dict[str, dict[str, dict]] = {}
+    for seed in args.tune_seeds:
+        params, _, dev = workload(name, seed, args.sequences, args.blocks)
+        cost = cost_model_from_args(dev, argparse.Namespace(as_model=params.source.removeprefix("like ")))
+        found = rp.tune(dev, systems, cost, args.planner_us * 1e-6, warmup_sequences=1, profile=rp.dev_profile(dev))
+        for sys_name, (_, searched) in found.items():
+            for knobs, score in searched:
+                key = ", ".join(f"{k}={v}" for k, v in sorted(knobs.items())) or "defaults"
+                scores.setdefault(sys_name, {}).setdefault(key, []).append(score)
+                knobs_of.setdefault(sys_name, {})[key] = knobs
+        print(f"[{name}] tuned on dev seed {seed}", flush=True)
+    chosen = {}
+    print(f"\n{name}: settings chosen on dev seeds {' '.join(map(str, args.tune_seeds))} (mean x fused at "
+          f"{'/'.join(f'{p:g}' for p in rp.HEADLINE_PCT)}%, mean over the dev seeds):")
+    for sys_name, by_key in scores.items():
+        means = {k: sum(v) / len(v) for k, v in by_key.items()}
+        best = min(means, key=means.get)
+        chosen[sys_name] = knobs_of[sys_name][best]
+        print(f"  {sys_name}: {best}  (" + "; ".join(f"{k}: {m:.3f}" for k, m in means.items()) + ")")
+    return chosen
+
+
 def replay(params, shape, trace, seed: int, args: argparse.Namespace) -> list:
     from oled_hf.sim import report as rp
     from oled_hf.sim.hardware import cost_model_from_args
@@ -109,7 +152,7 @@ def replay(params, shape, trace, seed: int, args: argparse.Namespace) -> list:
     cost = cost_model_from_args(trace, argparse.Namespace(as_model=params.source.removeprefix("like ")))
     systems = [s for s in rp.SYSTEMS if args.systems is None or s.name in args.systems]
     return rp.run_systems(trace, f"{params.source} s{seed}", systems, rp.HEADLINE_PCT, cost,
-                          args.planner_us * 1e-6, bounds=False, warmup_sequences=1, tuned={},
+                          args.planner_us * 1e-6, bounds=False, warmup_sequences=1, tuned=getattr(args, "tuned", {}),
                           profile=rp.dev_profile(dev))
 
 
