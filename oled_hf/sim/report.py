@@ -76,10 +76,14 @@ class ReportSystem:
         return parse_system(self.parts).with_knobs(**{k.replace(".", "__", 1): v for k, v in (knobs or {}).items()})
 
 
-_REUSE_GRID = [{"dispatch.reuse_copies": n} for n in (1, 2, 4, 8)]
+# 0 reuse copies: the amortised split (dispatch ``cpu``), each copy spread over the policy's predicted reuse:
+# the usage EMA's for lru and lfu; oled's is one iteration ahead there, so its setting reads the usage EMA too
+# (``policies/oled.py`` rule 8; eval/ablate_parts.py found the amortised split is what HybriMoE wins by on flash-like)
+_REUSE_GRID = [{"dispatch.reuse_copies": n} for n in (1, 2, 4, 0)]
+_OLED_GRID = _REUSE_GRID[:3] + [{"dispatch.reuse_copies": 0, "retention.reuse": "usage", "retention.usage_decay": 0.9}]
 SYSTEMS = (
     ReportSystem("oled", "oled", "OLED-MoE (this project): confidence retention, layer-adaptive, "
-                 "CPU per access + reuse copies", _REUSE_GRID),
+                 "CPU per access + reuse copies", _OLED_GRID),
     ReportSystem("lru-full", "lru-full", "our strongest LRU composition: LRU + the same dispatch and allocation",
                  _REUSE_GRID),
     ReportSystem("lfu-full", "lfu-full", "our strongest LFU composition: LFU + the same dispatch and allocation",

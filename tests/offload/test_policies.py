@@ -142,6 +142,52 @@ def test_oled_edited_tokens_are_unsettled_and_calibrated_apart():
     assert p.priority_array(0)[kept].min() > np.sort(p.priority_array(0))[-9]  # settled experts rank top
 
 
+def test_oled_usage_reuse_is_the_usage_ema_run_length_and_leaves_the_ranking():
+    """Rule 8: reuse=usage amortises copies over the usage EMA's run length u / (1 - u), not over
+    the one-iteration rule (a settled route there has reuse at the cap); the priorities are unchanged."""
+    from oled_hf.offload.policies.oled import OledPolicy
+
+    conf, usage = OledPolicy(1, 8), OledPolicy(1, 8, reuse="usage", usage_decay=0.5)
+    for p in (conf, usage):
+        p.on_block_start(0, torch.zeros(1, 2))
+        p.on_iteration(event([False, False], [1.0, 1.0], [False, False]))  # two settled rows
+        for clock in range(3):  # expert 0 used three times, expert 1 only in the last access
+            p.observe_access(0, np.array([[0], [1 if clock == 2 else 0]]), np.ones((2, 1)), clock)
+    np.testing.assert_array_equal(conf.priority_array(0), usage.priority_array(0))
+    u0, u1 = 1 - 0.5 ** 3, 0.5  # usage EMA after 3 uses / 1 use, decay 0.5
+    assert usage.reuse_array(0)[[0, 1, 2]] == pytest.approx([u0 / (1 - u0), u1 / (1 - u1), 0.0])
+    assert usage.reuse_of(0, np.array([1, 0])) == pytest.approx([u1 / (1 - u1), u0 / (1 - u0)])
+    assert usage.reuse_inputs(0)[0] == 1  # the planner reads the row, not rule 4's inputs
+    from oled_hf.offload.policies.base import MAX_REUSE
+
+    assert conf.reuse_of(0, np.array([0]))[0] == MAX_REUSE > 4 * usage.reuse_of(0, np.array([0]))[0]  # the cap
+    with pytest.raises(ValueError, match=r"oled reuse='horizon' is unknown; allowed: confidence, usage"):
+        OledPolicy(1, 8, reuse="horizon")
+    with pytest.raises(ValueError, match=r"oled usage_decay=1.0 is invalid: must be a number in \[0, 1\)"):
+        OledPolicy(1, 8, reuse="usage", usage_decay=1.0)
+
+
+def test_oled_usage_reuse_replays_through_the_system_knobs():
+    """The report's oled grid setting (0 reuse copies: the amortised split, over the usage reuse) runs
+    as a system; it copies differently from the preset, and its knobs reach the policy."""
+    import argparse
+
+    from oled_hf.offload.system import parse_system
+    from oled_hf.sim.hardware import cost_model_from_args
+    from oled_hf.sim.report import SYSTEMS
+
+    grid = next(s for s in SYSTEMS if s.name == "oled").grid
+    setting = next(g for g in grid if g.get("retention.reuse") == "usage")
+    trace = synthetic_trace(num_layers=2, num_experts=32, top_k=4, block_length=8, num_blocks=3, seed=1)
+    system = parse_system("oled").with_knobs(**{k.replace(".", "__", 1): v for k, v in setting.items()})
+    assert system.dispatch == "cpu+reuse" and system.knobs["dispatch.reuse_copies"] == 0
+    cost = cost_model_from_args(trace, argparse.Namespace(as_model="llada2.0-mini"))
+    usage = replay(trace, "oled", 8, system=system, cost_model=cost)
+    preset = replay(trace, "oled", 8, system=parse_system("oled"), cost_model=cost)
+    assert usage.hits + usage.misses == preset.hits + preset.misses
+    assert (usage.copies, usage.cpu_expert_tokens) != (preset.copies, preset.cpu_expert_tokens)
+
+
 @pytest.mark.parametrize("cpu", ["off", "auto"])
 def test_oled_beats_lru_when_confident_tokens_keep_routes(cpu):
     gains = []

@@ -43,6 +43,14 @@ The rule, per MoE layer access (rows = batch*B block positions, row r = batch r/
    misses per access with predicted reuse >= 1 are also copied off the critical path, and each
    access is split for its own makespan (``OffloadConfig.oled_background_copies`` and
    ``oled_background_min_reuse`` are that dispatch's knobs, ``system.resolve_system``).
+8. Knob ``reuse`` picks the reuse the dispatcher amortises a copy over: ``confidence`` (rule 4,
+   the default) or ``usage``, the base policy's long-horizon run length ``u / (1 - u)`` of a usage
+   EMA with decay ``usage_decay``. Rule 4 answers one iteration ahead: a settled token's route has
+   p = 1, so its reuse is the cap and the amortised ``cpu`` dispatch copies nearly every miss. Hence
+   the preset splits each access for itself (``cpu+reuse``). With ``reuse=usage`` the amortised
+   split is the better dispatch where copies are dear against CPU time. On the flash-like dev seeds 1-2,
+   ``eval/ablate_parts.py`` gives 0.95x the preset's TPOT at 40% and 0.97x at 25%, but 1.01x at 15%.
+   On mini-like it gives 1.03x at 40%. The report's tuning grid chooses between the two per workload.
 """
 
 from __future__ import annotations
@@ -58,6 +66,7 @@ from .base import NO_FLOATS, NO_INTS, CachePolicy, as_numpy, register
 STABLE, DECODED, COMMITTED, CONFIDENT, UNSURE, FRESH, EDITED = 0, 1, 2, 3, 4, 8, 9  # UNSURE..UNSURE+3 = bins
 N_BINS = 4
 N_CLASSES = 10
+REUSE_RULES = ("confidence", "usage")  # rule 4, rule 8
 
 
 @register
@@ -82,9 +91,18 @@ class OledPolicy(CachePolicy):
         calibration_decay: float = 0.98,
         freq_weight: float = 0.0,
         freq_decay: float = 0.99,
+        reuse: str = "confidence",
+        usage_decay: float = 0.8,
         **knobs: Any,
     ) -> None:
         super().__init__(num_layers, num_experts, **knobs)
+        if reuse not in REUSE_RULES:
+            raise ValueError(f"oled reuse={reuse!r} is unknown; allowed: {', '.join(REUSE_RULES)}")
+        if isinstance(usage_decay, bool) or not isinstance(usage_decay, (int, float)) or not 0.0 <= usage_decay < 1.0:
+            raise ValueError(f"oled usage_decay={usage_decay!r} is invalid: must be a number in [0, 1)")
+        self.reuse = reuse
+        self.tracks_usage = reuse == "usage"  # the base's usage EMA (rule 8); rule 4 needs none
+        self.usage_decay = float(usage_decay)
         self.threshold = float(confidence_threshold)
         self.decay = float(decay)
         self.block_decay = float(block_decay)
@@ -246,7 +264,9 @@ class OledPolicy(CachePolicy):
 
     def reuse_array(self, layer: int) -> np.ndarray:
         """P(requested next) = 1 - prod over routes (1 - s_row); reuse = p / (1 - p) (``kernels.oled_reuse``).
-        Lazy: only accesses with misses to dispatch pay for it."""
+        Lazy: only accesses with misses to dispatch pay for it. With ``reuse=usage``: the base's (rule 8)."""
+        if self.tracks_usage:
+            return CachePolicy.reuse_array(self, layer)
         pending = self._reuse_inputs[layer]
         if pending is not None:
             flat, stab, entry_cls = pending
@@ -255,6 +275,8 @@ class OledPolicy(CachePolicy):
         return self._reuse[layer]
 
     def reuse_of(self, layer: int, experts: np.ndarray) -> np.ndarray:
+        if self.tracks_usage:
+            return CachePolicy.reuse_array(self, layer)[experts]
         pending = self._reuse_inputs[layer]
         if pending is None:
             return self._reuse[layer][experts]
@@ -265,6 +287,8 @@ class OledPolicy(CachePolicy):
         return out
 
     def reuse_inputs(self, layer: int) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        if self.tracks_usage:
+            return CachePolicy.reuse_inputs(self, layer)
         pending = self._reuse_inputs[layer]
         if pending is None:
             return 1, self._reuse[layer], NO_INTS, NO_INTS, NO_FLOATS
