@@ -61,7 +61,7 @@ from typing import Any
 import numpy as np
 
 from .. import kernels
-from .base import NO_FLOATS, NO_INTS, CachePolicy, as_numpy, register
+from .base import NO_FLOATS, NO_INTS, CachePolicy, as_numpy, geometric_reuse, register
 
 STABLE, DECODED, COMMITTED, CONFIDENT, UNSURE, FRESH, EDITED = 0, 1, 2, 3, 4, 8, 9  # UNSURE..UNSURE+3 = bins
 N_BINS = 4
@@ -275,8 +275,8 @@ class OledPolicy(CachePolicy):
         return self._reuse[layer]
 
     def reuse_of(self, layer: int, experts: np.ndarray) -> np.ndarray:
-        if self.tracks_usage:
-            return CachePolicy.reuse_array(self, layer)[experts]
+        if self.tracks_usage:  # element-wise over the misses only, as the base's
+            return geometric_reuse(self._usage[layer][experts])
         pending = self._reuse_inputs[layer]
         if pending is None:
             return self._reuse[layer][experts]
