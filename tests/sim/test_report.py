@@ -41,7 +41,8 @@ def test_report_writes_markdown_and_plots(tmp_path, capsys):
                     "## (i) Oracle ladder", "# OLED-MoE evaluation on synthetic traces", "| synthetic | 8 | 1 |",
                     "### syn-b16-bs1 (3 MoE layers x 16)", "Pure caching (`copy+uniform`)",
                     "## (j) The optimum bracketed, and where oled's time above the bound goes (40%)",
-                    "| **valid LP bound (the larger)** | ", "| valid LP bound, windows of 4 forwards |",
+                    "| **valid bound (the larger)** | ", "| valid LP bound, windows of 4 forwards |",
+                    "| valid dual bound, whole trace (2000 ascent steps) |",
                     "| **best offline schedule** |", "| belady, pure caching (offline) |",
                     "| retention (misses vs an offline schedule) |", "| remaining: oracle run -> bound |"):
         assert heading in md, heading
