@@ -105,8 +105,8 @@ def _chains(order, starts, access, gcost, ccost, land_base, lam_prefix):  # prag
     """Per item, the cheapest schedule of its requests (``order`` grouped by item, time-sorted;
     ``starts`` the group offsets). A copy for a request at access t lands at some access s in
     (previous request's access, t] for ``land_base[s] + lam_prefix[t + 1]`` (its engine price plus the
-    slots it holds from s + 1 to t). Returns the total and, per request, resident / kept / landing
-    access of its copy (-1: none) / served on the GPU."""
+    slots it holds from s + 1 to t). Returns the total and, per request, kept since the previous one /
+    the landing access of its copy (-1: none) / served on the GPU."""
     J = order.size
     val, arg = _sparse_min(land_base)
     R = np.empty(J)
@@ -114,7 +114,6 @@ def _chains(order, starts, access, gcost, ccost, land_base, lam_prefix):  # prag
     keep_choice = np.zeros(J, dtype=np.bool_)
     land_at = np.full(J, -1, dtype=np.int64)
     res_after_choice = np.zeros(J, dtype=np.bool_)  # N_k came from R_k (resident during k, dropped after)
-    resident = np.zeros(J, dtype=np.bool_)
     kept = np.zeros(J, dtype=np.bool_)
     landing = np.full(J, -1, dtype=np.int64)
     gpu = np.zeros(J, dtype=np.bool_)
@@ -142,9 +141,7 @@ def _chains(order, starts, access, gcost, ccost, land_base, lam_prefix):  # prag
         state_r = False  # the end state: not resident (N <= R)
         for p in range(b - 1, a - 1, -1):
             j = order[p]
-            is_res = True if state_r else res_after_choice[p]
-            resident[j] = is_res
-            if is_res:
+            if state_r or res_after_choice[p]:  # resident during request p
                 gpu[j] = gcost[j] <= ccost[j]
                 if keep_choice[p]:
                     kept[j] = True
@@ -152,7 +149,7 @@ def _chains(order, starts, access, gcost, ccost, land_base, lam_prefix):  # prag
                     continue
                 landing[j] = land_at[p]
             state_r = p > a and R[p - 1] <= Nn[p - 1]
-    return total, resident, kept, landing, gpu
+    return total, kept, landing, gpu
 
 
 @dataclass
@@ -288,8 +285,8 @@ def dual_value(pb: _Problem, pr: Prices) -> tuple[float, tuple[np.ndarray, ...]]
     ccost = (w * (1.0 - mu))[pb.access] * pb.ct + pr.pi
     lam_prefix = np.r_[0.0, np.cumsum(pr.lam)]
     land_base = pb.cs * (P + S) - lam_prefix[1:]
-    total, resident, kept, landing, gpu = _chains(pb.order, pb.starts, pb.access, gcost, ccost, land_base,
-                                                  lam_prefix)
+    total, kept, landing, gpu = _chains(pb.order, pb.starts, pb.access, gcost, ccost, land_base,
+                                    lam_prefix)
     # launch y and batch z per access: paid where their coefficient is negative
     coef_y = w * mu * pb.gfix - np.bincount(pb.access, weights=pr.kappa, minlength=pb.N)
     coef_z = w * (1.0 - mu) * pb.cfix - np.bincount(pb.access, weights=pr.pi, minlength=pb.N)

@@ -15,7 +15,6 @@ from oled_hf.sim.dual_bound import (
     dual_bound_counts,
     dual_value,
 )
-from oled_hf.sim.lp_bound import lp_bound_counts
 from oled_hf.sim.offline import accesses_of, exhaustive_optimum
 from oled_hf.sim.replay import replay
 from oled_hf.sim.synthetic import synthetic_trace
