@@ -5,6 +5,7 @@ import pytest
 
 from oled_hf.offload.costmodel import CostModel
 from oled_hf.sim.bound import physical_bound
+from oled_hf.sim.dual_bound import dual_bound
 from oled_hf.sim.lp_bound import lp_bound, lp_bound_counts
 from oled_hf.sim.offline import accesses_of, exhaustive_optimum, greedy_schedule
 from oled_hf.sim.replay import replay
@@ -51,13 +52,19 @@ def test_a_cpu_served_miss_does_not_enter_the_cache_free():
     assert b.time_s > 0.5 * opt  # not vacuous
 
 
-@pytest.mark.parametrize("seed", range(8))
-def test_bracket_lp_le_exhaustive_optimum_le_greedy(seed):
-    """Tiny random traces (1-2 layers, 2 experts, 2-3 forwards, 1-2 slots): LP <= every schedule's optimum <= greedy."""
+def random_tiny(seed: int) -> tuple[np.ndarray, int]:
+    """Token counts ``[L, F, E]`` (1-2 layers, 2-3 forwards, 2 experts) and 1-2 slots: exhaustive search's size."""
     rng = np.random.default_rng(seed)
     L, F, E = int(rng.integers(1, 3)), int(rng.integers(2, 4)), 2
     counts = rng.integers(1, 4, size=(L, F, E)) * (rng.random((L, F, E)) < 0.7)
-    S = int(rng.integers(1, 3))
+    return counts, int(rng.integers(1, 3))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_bracket_lp_le_exhaustive_optimum_le_greedy(seed):
+    """Tiny random traces (1-2 layers, 2 experts, 2-3 forwards, 1-2 slots): LP <= every schedule's optimum <= greedy."""
+    counts, S = random_tiny(seed)
+    F = counts.shape[1]
     lp = lp_bound_counts(counts, np.ones(F, dtype=bool), CM, S, F).time_s
     accs = accesses_of(counts, np.arange(F))
     opt = exhaustive_optimum(accs, CM, S)
@@ -77,17 +84,20 @@ def test_windows_only_lower_the_bound():
 
 
 def test_no_system_beats_the_lp_bound_on_a_synthetic_trace():
+    """Nor the whole-trace dual bound (sim/dual_bound.py)."""
     trace = synthetic_trace(num_layers=2, num_experts=32, top_k=4, block_length=8, num_blocks=2,
                             hidden_size=512, moe_intermediate_size=128, seed=4)
     cm = CostModel.h200_pcie5(2048, 512, kernel="grouped")
     for size in (4, 12):
         bound = lp_bound(trace, cm, size * 2, window_forwards=64)
         assert bound.ratio_to_full > 0
+        dual = dual_bound(trace, cm, size * 2, iterations=300)
+        assert dual.ratio_to_full > 0.5
         for system in ("oled", "lru-full", "mixtral-offloading", "hybrimoe"):
             if system == "hybrimoe" and not trace.has_predictions:
                 continue
             r = replay(trace, system, size, system=system, cost_model=cm, planner_s=0.0)
-            assert r.sim_time_s >= bound.time_s, (system, size)
+            assert r.sim_time_s >= max(bound.time_s, dual.time_s), (system, size)
             assert r.full_time_s == pytest.approx(bound.full_time_s)
         assert physical_bound(trace, cm, size * 2).full_time_s == pytest.approx(bound.full_time_s)
 
