@@ -84,7 +84,7 @@ class Decomposition:
         rows = [["system", f"{1e3 * self.system_s:.2f}", "-", f"{self.system_s / full_s:.2f}"]]
         for name, s in self.shares:
             rows.append([name, f"{1e3 * s:.2f}", f"{s / gap:.0%}" if gap > 0 else "-", f"{s / full_s:.2f}"])
-        rows.append(["valid LP bound", f"{1e3 * self.bound_s:.2f}", "-", f"{self.bound_s / full_s:.2f}"])
+        rows.append(["valid bound", f"{1e3 * self.bound_s:.2f}", "-", f"{self.bound_s / full_s:.2f}"])
         return rows
 
 

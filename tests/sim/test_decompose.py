@@ -23,7 +23,7 @@ def test_shares_sum_to_the_gap_and_each_step_removes_its_cause():
     assert share["CPU batch overhead"] >= 0  # the same decisions, each CPU batch 20 us shorter
     assert share["discovery at the router"] >= 0  # the same copies, issued earlier
     rows = d.table(1.0)
-    assert rows[0][0] == "system" and rows[-1][0] == "valid LP bound" and len(rows) == len(STEPS) + 2
+    assert rows[0][0] == "system" and rows[-1][0] == "valid bound" and len(rows) == len(STEPS) + 2
 
 
 def test_known_ahead_timeline_issues_copies_at_the_layer_start_and_computes_after_the_router():
