@@ -201,38 +201,49 @@ def _problem(counts: np.ndarray, timed: np.ndarray, cm: CostModel, total_slots: 
                     cm.copy_time() * US, cm.gpu_layer_fixed_s * US, cm.cpu_overhead_s * US, int(total_slots))
 
 
-def _levels(n: int) -> list[tuple[int, int]]:
-    """The dyadic intervals of ``n`` accesses: per level ``(offset in the flat price array, 2**k)``."""
+def _levels(n: int) -> list[tuple[int, int, int]]:
+    """The dyadic intervals of ``n`` accesses: per level ``(offset in the flat price array, 2**k, intervals)``."""
     out, off, size = [], 0, 1
     while True:
-        out.append((off, size))
-        off += -(-n // size)
+        count = -(-n // size)
+        out.append((off, size, count))
+        off += count
         if size >= n:
             return out
         size *= 2
 
 
+def interval_count(n: int) -> int:
+    """How many dyadic intervals (interval prices) ``n`` accesses have."""
+    off, _, count = _levels(n)[-1]
+    return off + count
+
+
+def suffix_sums(rho: np.ndarray) -> np.ndarray:
+    """``P_tau = sum_{b >= tau} rho_b``: the weight of the prefix copy rows on access tau."""
+    return np.cumsum(rho[::-1])[::-1]
+
+
 def _per_access(sigma: np.ndarray, n: int) -> np.ndarray:
     """``S_t``: the sum of the interval prices over the dyadic intervals holding access t."""
     S = np.zeros(n)
-    for off, size in _levels(n):
-        S += np.repeat(sigma[off:off + -(-n // size)], size)[:n]
+    for off, size, count in _levels(n):
+        S += np.repeat(sigma[off:off + count], size)[:n]
     return S
 
 
 def _per_interval(v: np.ndarray) -> np.ndarray:
     """Sums of ``v`` over every dyadic interval, in the flat price layout."""
-    return np.concatenate([np.add.reduceat(v, np.arange(0, v.size, size)) for _, size in _levels(v.size)])
+    return np.concatenate([np.add.reduceat(v, np.arange(0, v.size, size)) for _, size, _ in _levels(v.size)])
 
 
 def _repair(sigma: np.ndarray, P: np.ndarray) -> None:
     """Lower interval prices, finest first, until ``P + S <= 1`` for every access (in place)."""
     n = P.size
     excess = P + _per_access(sigma, n) - 1.0
-    for off, size in _levels(n):
+    for off, size, cnt in _levels(n):
         if (excess <= 0).all():
             return
-        cnt = -(-n // size)
         worst = np.maximum.reduceat(excess, np.arange(0, n, size))
         cut = np.minimum(sigma[off:off + cnt], np.maximum(worst, 0.0))
         sigma[off:off + cnt] -= cut
@@ -259,7 +270,7 @@ class Prices:
         np.clip(self.mu, 0.0, 1.0, out=self.mu)
         self.rho[:] = _project_rho(self.rho)
         np.maximum(self.sigma, 0.0, out=self.sigma)
-        _repair(self.sigma, np.cumsum(self.rho[::-1])[::-1])
+        _repair(self.sigma, suffix_sums(self.rho))
         np.maximum(self.kappa, 0.0, out=self.kappa)
         np.maximum(self.pi, 0.0, out=self.pi)
 
@@ -271,14 +282,14 @@ def start_prices(pb: _Problem, rho0: float) -> Prices:
     rho = np.zeros(n)
     rho[-1] = rho0
     per_access = np.maximum(np.bincount(pb.access, minlength=n), 1)[pb.access]
-    return Prices(np.zeros(n), np.full(n, 0.5), rho, np.zeros(_levels(n)[-1][0] + 1),
+    return Prices(np.zeros(n), np.full(n, 0.5), rho, np.zeros(interval_count(n)),
                   0.25 * pb.gfix / per_access, 0.25 * pb.cfix / per_access)
 
 
 def dual_value(pb: _Problem, pr: Prices) -> tuple[float, tuple[np.ndarray, ...]]:
     """``(L in microseconds, subgradients in the order of Prices.blocks)`` at feasible prices ``pr``."""
     mu = pr.mu
-    P = np.cumsum(pr.rho[::-1])[::-1]  # P_tau = sum_{b >= tau} rho_b
+    P = suffix_sums(pr.rho)
     S = _per_access(pr.sigma, pb.N)
     w = 1.0 - P - S
     gcost = (w * mu)[pb.access] * pb.gt + pr.kappa

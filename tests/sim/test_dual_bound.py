@@ -5,13 +5,14 @@ import pytest
 
 from oled_hf.sim.dual_bound import (
     Prices,
-    _levels,
     _per_access,
     _problem,
     _project_rho,
     _repair,
     dual_bound_counts,
     dual_value,
+    interval_count,
+    suffix_sums,
 )
 from oled_hf.sim.offline import accesses_of, exhaustive_optimum
 
@@ -22,7 +23,7 @@ def _random_prices(rng, pb):
     """Feasible prices drawn at random (scales from none to far too much)."""
     n, j = pb.N, pb.access.size
     pr = Prices(rng.random(n) * rng.random() * 5, rng.random(n), rng.random(n) / (0.1 + 3 * rng.random()),
-                rng.random(_levels(n)[-1][0] + 1) * rng.random(), rng.random(j) * rng.random(),
+                rng.random(interval_count(n)) * rng.random(), rng.random(j) * rng.random(),
                 rng.random(j) * rng.random())
     pr.project()
     return pr
@@ -49,8 +50,8 @@ def test_repair_keeps_every_access_weight_non_negative():
     rng = np.random.default_rng(0)
     for n in (1, 2, 5, 16, 37):
         rho = _project_rho(rng.random(n))
-        sigma = rng.random(_levels(n)[-1][0] + 1) * 3
-        P = np.cumsum(rho[::-1])[::-1]
+        sigma = rng.random(interval_count(n)) * 3
+        P = suffix_sums(rho)
         _repair(sigma, P)
         assert (P + _per_access(sigma, n) <= 1 + 1e-12).all()
         assert (sigma >= 0).all()
