@@ -4,16 +4,22 @@ Per trace and cache size, one retention part after another under the same dispat
 
 * ``belady`` (knows the whole future) and ``next-oracle`` (knows exactly the next access's expert
   set of each layer, nothing further), both from ``offload/policies/oracle.py``;
+* ``belady-reuse``: ``belady`` whose reuse prediction, which the dispatcher's admission reads (rule 4's
+  reuse copies), is the exact run of uses a copy would be held for: the Belady rung with cost-aware
+  admission (fair dispatch only: pure caching copies every miss, so it would equal ``belady``);
 * ``previous-set`` (the previous access's set first, then recency), ``phase`` (LRU with block-start
-  memory, ``offload/policies/phase.py``: the one signal of a block boundary alone), ``lru``, ``lfu``,
-  ``oled``.
+  memory, ``offload/policies/phase.py``: the one signal of a block boundary alone), ``lru``, ``lfu``;
+* the long-horizon candidates, each at its own defaults: ``score`` (HybriMoE's gate-score EMA),
+  ``value`` (decayed frequency x token-load cost), ``mix`` (oled and value, LeCaR-style online
+  weights), ``horizon`` (LRU's ranking with a learned chance of reuse before eviction); and ``oled``.
 
 Two dispatches: the *strongest fair* one (the parts and tuned knobs of the report's strongest
 composed baseline, ``lru-full``: CPU compensation with reuse copies, layer-adaptive split; only the
 retention part is swapped) and *pure caching* (every miss copied, uniform split), where hit rate
 alone decides. Read it as: ``next-oracle`` far below ``belady`` means the gain is in longer-horizon
-value, not in predicting the next iteration; ``oled`` close to ``lru`` and far below
-``next-oracle`` means the predictor, not the cache, is what is missing.
+value, not in predicting the next iteration; ``belady-reuse`` below ``belady`` is what knowing each
+copy's reuse is worth to admission; ``oled`` close to ``lru`` and far below ``next-oracle`` means the
+predictor, not the cache, is what is missing.
 """
 
 from __future__ import annotations
@@ -29,8 +35,11 @@ from .replay import replay
 from .report import HEADLINE_PCT, Run, md_table, slots_for
 from .trace import Trace
 
-RUNGS = ("belady", "next-oracle", "previous-set", "phase", "lru", "lfu", "oled")
-ORACLES = ("belady", "next-oracle")
+RUNGS = ("belady-reuse", "belady", "next-oracle", "previous-set", "phase", "lru", "lfu", "score", "value", "mix",
+         "horizon", "oled")
+ORACLES = ("belady", "belady-reuse", "next-oracle")
+ADMISSION_ONLY = ("belady-reuse",)  # differs from belady only in what the dispatcher admits: fair dispatch only
+ONLINE = ("score", "value", "mix", "horizon", "oled")  # the rungs a live system can run
 FAIR_BASE = "lru-full"  # the composed baseline whose dispatch and allocation every rung gets
 
 
@@ -54,6 +63,8 @@ def oracle_ladder(trace: Trace, label: str, fair: System, cost: Any, planner_s: 
         for pct in pcts:
             size = slots_for(pct, trace.num_experts)
             for rung in RUNGS:
+                if dispatch == "pure caching" and rung in ADMISSION_ONLY:
+                    continue
                 r = replay(trace, rung, size, system=rung_system(base, rung, future), cost_model=cost,
                            planner_s=planner_s, warmup_sequences=warmup_sequences)
                 out[dispatch].append(Run(label, rung, pct, r))
@@ -66,6 +77,8 @@ def ladder_table(runs: list[Run], pcts: tuple[float, ...] = HEADLINE_PCT) -> str
     head = ["retention"] + [f"{p:g}%: hit / x fused / gain over lru" for p in pcts]
     rows = []
     for rung in RUNGS:
+        if not any((rung, p) in by for p in pcts):
+            continue  # a rung this dispatch does not run
         cells = [rung]
         for p in pcts:
             r, lru = by.get((rung, p)), by.get(("lru", p))
@@ -76,7 +89,8 @@ def ladder_table(runs: list[Run], pcts: tuple[float, ...] = HEADLINE_PCT) -> str
 
 
 def headroom_lines(runs: list[Run], pcts: tuple[float, ...] = HEADLINE_PCT) -> list[str]:
-    """One line per size: how much of lru -> belady the next-iteration oracle and oled cover."""
+    """One line per size: how much of lru -> belady the next-iteration oracle and oled cover, what exact reuse
+    adds to belady, and the best online rung."""
     by = {(r.system, r.pct): r.result for r in runs}
     lines = []
     for p in pcts:
@@ -85,7 +99,15 @@ def headroom_lines(runs: list[Run], pcts: tuple[float, ...] = HEADLINE_PCT) -> l
             continue
         gap = lru.tpot_s - best.tpot_s
         nxt_share, our_share = (f"{(lru.tpot_s - r.tpot_s) / gap:.0%}" if gap > 0 else "n/a" for r in (nxt, ours))
-        lines.append(f"- {p:g}%: lru -> belady is {lru.tpot_s / best.tpot_s:.3f}x; the next-iteration oracle "
-                     f"covers {nxt_share} of it ({lru.tpot_s / nxt.tpot_s:.3f}x), oled {our_share} "
-                     f"({lru.tpot_s / ours.tpot_s:.3f}x)")
+        line = (f"- {p:g}%: lru -> belady is {lru.tpot_s / best.tpot_s:.3f}x; the next-iteration oracle "
+                f"covers {nxt_share} of it ({lru.tpot_s / nxt.tpot_s:.3f}x), oled {our_share} "
+                f"({lru.tpot_s / ours.tpot_s:.3f}x)")
+        admit = by.get(("belady-reuse", p))
+        if admit is not None:
+            line += f"; exact reuse for admission adds {best.tpot_s / admit.tpot_s:.3f}x to belady"
+        online = [(by[(n, p)].tpot_s, n) for n in ONLINE if (n, p) in by]
+        if online:
+            t, name = min(online)
+            line += f"; best online rung {name} ({lru.tpot_s / t:.3f}x)"
+        lines.append(line)
     return lines

@@ -8,7 +8,7 @@ from .lru import LRUPolicy, PrefetchPolicy
 from .mix import MixPolicy
 from .moe_infinity import MoEInfinityPolicy
 from .oled import OledPolicy
-from .oracle import BeladyPolicy, NextOraclePolicy, PreviousSetPolicy
+from .oracle import BeladyPolicy, BeladyReusePolicy, NextOraclePolicy, PreviousSetPolicy
 from .phase import PhasePolicy
 from .prefetch import Prefetcher, make_prefetcher
 from .score import ScorePolicy
@@ -18,6 +18,7 @@ from .value import ValuePolicy
 
 __all__ = [
     "BeladyPolicy",
+    "BeladyReusePolicy",
     "CachePolicy",
     "HorizonPolicy",
     "LFUPolicy",

@@ -8,6 +8,15 @@ others, so the TPOT gap between two rungs is the value of what the better one kn
 * ``next-oracle``: knows exactly the next access's expert set of each layer and nothing further: experts
   of that set are kept first, the rest by recency (LRU). The headroom of a perfect next-iteration
   predictor, which is what confidence-guided retention tries to be.
+* ``belady-reuse``: ``belady``'s retention, and the dispatcher's admission reads the future too: an
+  expert's predicted reuse is the run of its next uses it would be held for, each counted while
+  fewer than the layer's ``C`` slots' worth of other experts are used before it (its *forward
+  distance*, the number of distinct experts of the layer used between now and its next use, which
+  is its rank in Belady's next-use order; an expert ranked below ``C`` is the kind Belady keeps),
+  ``R[t, e] = [rank_t(e) < C] * (1 + R[next_t(e), e])``, capped at ``MAX_REUSE``. With the amortised
+  split (dispatch ``cpu``) a miss is then copied where the CPU time its exact reuse saves pays for
+  the copy: the Belady rung with cost-aware admission. Approximate in one way, stated: Belady with
+  CPU bypass does not fill its cache with every miss, so a copy may outlive ``C`` distinct uses.
 * ``previous-set``: no future; keeps the previous access's set first, then LRU (a demand cache holds
   the current set anyway, so among evictable experts this is LRU except where a request exceeds the
   cache).
@@ -16,8 +25,8 @@ The future is the trace's: ``future`` is one bool matrix per MoE layer, ``[acces
 row t the experts access t of that layer uses (``list(sim.belady.request_sets(trace))``; ``next_use`` is
 kept here because the offload layer does not import the simulator). The policy counts its own
 accesses per layer and checks each against its row, so a future that does not belong to the run
-raises instead of timing nonsense. Only retention knows the future: the dispatcher's reuse estimate
-is the base policy's (usage EMA), as for every other retention part.
+raises instead of timing nonsense. Only ``belady-reuse`` lets the dispatcher know the future too;
+the others' reuse estimate is the base policy's (usage EMA), as for every other retention part.
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import register
+from .base import MAX_REUSE, register
 from .lru import LRUPolicy
 from .phase import KEEP_FIRST
 
@@ -80,6 +89,48 @@ class BeladyPolicy(_FuturePolicy):
     def priority_array(self, layer: int) -> np.ndarray:
         np.negative(self._next[layer][max(self._t[layer], 0)], out=self._prio[layer], casting="unsafe")
         return self._prio[layer]
+
+
+def forward_rank(nxt: np.ndarray) -> np.ndarray:
+    """``[accesses, E]``: per row, how many experts have a strictly earlier next use than each one
+    (the number of distinct experts used between the access and that expert's next use)."""
+    ordered = np.sort(nxt, axis=1)
+    return np.stack([np.searchsorted(o, row, side="left") for o, row in zip(ordered, nxt)]) if len(nxt) else \
+        np.zeros(nxt.shape, dtype=np.int64)
+
+
+def held_reuse(nxt: np.ndarray, rank: np.ndarray, capacity: int) -> np.ndarray:
+    """``[accesses, E]``: the run of next uses each expert is held for at ``capacity`` slots
+    (``R[t, e] = [rank < capacity] * (1 + R[next, e])``, one backward scan), capped at ``MAX_REUSE``."""
+    n, e = nxt.shape
+    out = np.zeros((n + 1, e))
+    cols = np.arange(e)
+    for t in range(n - 1, -1, -1):
+        ahead = np.minimum(nxt[t], n)  # a next use past the trace reads the zero row
+        kept = (rank[t] < capacity) & (nxt[t] < n)
+        out[t] = np.where(kept, 1.0 + out[ahead, cols], 0.0)
+    return np.minimum(out[:n], MAX_REUSE)
+
+
+@register
+class BeladyReusePolicy(BeladyPolicy):
+    """Belady's retention, and the exact reuse a copy would serve as the dispatcher's prediction."""
+
+    name = "belady-reuse"
+    tracks_usage = False
+
+    def __init__(self, num_layers: int, num_experts: int, future: list[np.ndarray] | None = None,
+                 **knobs: Any) -> None:
+        super().__init__(num_layers, num_experts, future, **knobs)
+        self._rank = [forward_rank(n) for n in self._next]
+        self._held: dict[int, tuple[int, np.ndarray]] = {}  # layer -> (capacity, table): the latest only
+
+    def reuse_array(self, layer: int) -> np.ndarray:
+        cap = self.num_experts if self.capacities is None else int(self.capacities[layer])
+        held = self._held.get(layer)
+        if held is None or held[0] != cap:
+            held = self._held[layer] = (cap, held_reuse(self._next[layer], self._rank[layer], cap))
+        return held[1][max(self._t[layer], 0)]
 
 
 @register
