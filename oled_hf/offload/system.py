@@ -53,7 +53,8 @@ from .policies.prefetch import PREFETCHERS, Prefetcher
 
 RETENTIONS = ("oled", "lru", "lfu", "static", "tide", "moe-infinity", "score", "phase", "previous-set",
               "value", "mix", "horizon", "next-oracle", "belady", "belady-reuse")
-REPLAY_ONLY_RETENTIONS = ("next-oracle", "belady", "belady-reuse")  # oracles of the report's ladder: they read the trace's future
+# oracles of the report's ladder: they read the trace's future
+REPLAY_ONLY_RETENTIONS = ("next-oracle", "belady", "belady-reuse")
 ALLOCATIONS = ("uniform", "adaptive")
 KNOB_PARTS = ("retention", "prefetch", "dispatch")
 # retention parts whose knobs an OffloadConfig carries (``make_policy(name, ..., config)``); others
