@@ -7,6 +7,8 @@ Per trace and cache size, one retention part after another under the same dispat
 * ``belady-reuse``: ``belady`` whose reuse prediction, which the dispatcher's admission reads (rule 4's
   reuse copies), is the exact run of uses a copy would be held for: the Belady rung with cost-aware
   admission (fair dispatch only: pure caching copies every miss, so it would equal ``belady``);
+  ``lru-reuse`` the same exact reuse on LRU's retention (what perfect admission adds to an online
+  retention; fair dispatch only);
 * ``previous-set`` (the previous access's set first, then recency), ``phase`` (LRU with block-start
   memory, ``offload/policies/phase.py``: the one signal of a block boundary alone), ``lru``, ``lfu``;
 * the long-horizon candidates, each at its own defaults: ``score`` (HybriMoE's gate-score EMA),
@@ -35,10 +37,11 @@ from .replay import replay
 from .report import HEADLINE_PCT, Run, md_table, slots_for
 from .trace import Trace
 
-RUNGS = ("belady-reuse", "belady", "next-oracle", "previous-set", "phase", "lru", "lfu", "score", "value", "mix",
-         "horizon", "oled")
-ORACLES = ("belady", "belady-reuse", "next-oracle")
-ADMISSION_ONLY = ("belady-reuse",)  # differs from belady only in what the dispatcher admits: fair dispatch only
+RUNGS = ("belady-reuse", "belady", "next-oracle", "lru-reuse", "previous-set", "phase", "lru", "lfu", "score", "value",
+         "mix", "horizon", "oled")
+ORACLES = ("belady", "belady-reuse", "next-oracle", "lru-reuse")
+# differ from belady and lru only in what the dispatcher admits: fair dispatch only
+ADMISSION_ONLY = ("belady-reuse", "lru-reuse")
 ONLINE = ("score", "value", "mix", "horizon", "oled")  # the rungs a live system can run
 FAIR_BASE = "lru-full"  # the composed baseline whose dispatch and allocation every rung gets
 
@@ -102,9 +105,10 @@ def headroom_lines(runs: list[Run], pcts: tuple[float, ...] = HEADLINE_PCT) -> l
         line = (f"- {p:g}%: lru -> belady is {lru.tpot_s / best.tpot_s:.3f}x; the next-iteration oracle "
                 f"covers {nxt_share} of it ({lru.tpot_s / nxt.tpot_s:.3f}x), oled {our_share} "
                 f"({lru.tpot_s / ours.tpot_s:.3f}x)")
-        admit = by.get(("belady-reuse", p))
-        if admit is not None:
-            line += f"; exact reuse for admission adds {best.tpot_s / admit.tpot_s:.3f}x to belady"
+        for oracle, base in (("belady-reuse", best), ("lru-reuse", lru)):
+            admit = by.get((oracle, p))
+            if admit is not None:
+                line += f"; exact reuse for admission adds {base.tpot_s / admit.tpot_s:.3f}x to {oracle.split('-')[0]}"
         online = [(by[(n, p)].tpot_s, n) for n in ONLINE if (n, p) in by]
         if online:
             t, name = min(online)

@@ -47,16 +47,21 @@ def test_held_reuse_counts_the_uses_a_copy_is_kept_for():
     assert held_reuse(nxt, rank, 2).tolist() == [[2, 0, 1], [1, 1, 0], [1, 0, 1], [0, 0, 1], [0, 0, 0]]
 
 
-def test_belady_reuse_differs_from_belady_only_in_admission(trace):
+@pytest.mark.parametrize("base", ["belady", "lru"])
+def test_exact_reuse_rungs_differ_only_in_admission(trace, base):
     """Pure caching copies every miss, so the exact reuse changes nothing; under reuse copies it is what admits."""
     future = future_of(trace)
-    copy = {r: _run(trace, f"{r}+copy+uniform", 12, future) for r in ("belady", "belady-reuse")}
-    assert copy["belady"].sim_time_s == copy["belady-reuse"].sim_time_s
-    assert copy["belady"].hit_rate == copy["belady-reuse"].hit_rate
+    oracle, base_future = f"{base}-reuse", future if base == "belady" else None
+    copy = {r: _run(trace, f"{r}+copy+uniform", 12, f) for r, f in ((base, base_future), (oracle, future))}
+    assert copy[base].sim_time_s == copy[oracle].sim_time_s
+    assert copy[base].hit_rate == copy[oracle].hit_rate
     cm = CostModel.h200_pcie5(2048, 512, kernel="grouped")  # mini-sized experts: misses split between CPU and copies
-    fair = {r: replay(trace, r, 12, system=parse_system(f"{r}+cpu+reuse+adaptive").with_knobs(retention__future=future),
-                      cost_model=cm, planner_s=0.0) for r in ("belady", "belady-reuse")}
-    assert fair["belady"].sim_time_s != fair["belady-reuse"].sim_time_s
+    fair = {}
+    for r, f in ((base, base_future), (oracle, future)):
+        system = parse_system(f"{r}+cpu+reuse+adaptive")
+        fair[r] = replay(trace, r, 12, system=system if f is None else system.with_knobs(retention__future=f),
+                         cost_model=cm, planner_s=0.0)
+    assert fair[base].sim_time_s != fair[oracle].sim_time_s
 
 
 @pytest.mark.parametrize("size", [8, 12, 20, 24])

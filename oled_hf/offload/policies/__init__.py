@@ -8,7 +8,7 @@ from .lru import LRUPolicy, PrefetchPolicy
 from .mix import MixPolicy
 from .moe_infinity import MoEInfinityPolicy
 from .oled import OledPolicy
-from .oracle import BeladyPolicy, BeladyReusePolicy, NextOraclePolicy, PreviousSetPolicy
+from .oracle import BeladyPolicy, BeladyReusePolicy, LRUReusePolicy, NextOraclePolicy, PreviousSetPolicy
 from .phase import PhasePolicy
 from .prefetch import Prefetcher, make_prefetcher
 from .score import ScorePolicy
@@ -23,6 +23,7 @@ __all__ = [
     "HorizonPolicy",
     "LFUPolicy",
     "LRUPolicy",
+    "LRUReusePolicy",
     "MixPolicy",
     "MoEInfinityPolicy",
     "NextOraclePolicy",

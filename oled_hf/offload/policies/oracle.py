@@ -17,6 +17,8 @@ others, so the TPOT gap between two rungs is the value of what the better one kn
   split (dispatch ``cpu``) a miss is then copied where the CPU time its exact reuse saves pays for
   the copy: the Belady rung with cost-aware admission. Approximate in one way, stated: Belady with
   CPU bypass does not fill its cache with every miss, so a copy may outlive ``C`` distinct uses.
+* ``lru-reuse``: LRU's retention with the same exact reuse: what a perfect admission predictor adds
+  to an online retention.
 * ``previous-set``: no future; keeps the previous access's set first, then LRU (a demand cache holds
   the current set anyway, so among evictable experts this is LRU except where a request exceeds the
   cache).
@@ -25,7 +27,7 @@ The future is the trace's: ``future`` is one bool matrix per MoE layer, ``[acces
 row t the experts access t of that layer uses (``list(sim.belady.request_sets(trace))``; ``next_use`` is
 kept here because the offload layer does not import the simulator). The policy counts its own
 accesses per layer and checks each against its row, so a future that does not belong to the run
-raises instead of timing nonsense. Only ``belady-reuse`` lets the dispatcher know the future too;
+raises instead of timing nonsense. Only ``belady-reuse`` and ``lru-reuse`` let the dispatcher know the future too;
 the others' reuse estimate is the base policy's (usage EMA), as for every other retention part.
 """
 
@@ -52,45 +54,6 @@ def next_use(used: np.ndarray) -> np.ndarray:
     return out
 
 
-class _FuturePolicy(LRUPolicy):
-    """LRU plus a per-layer access counter checked against the known future."""
-
-    def __init__(self, num_layers: int, num_experts: int, future: list[np.ndarray] | None = None,
-                 **knobs: Any) -> None:
-        if future is None:
-            raise ValueError(f"retention {self.name!r} is an oracle for trace replay only: it needs the trace's "
-                             "future (knob retention.future = list(sim.belady.request_sets(trace)))")
-        super().__init__(num_layers, num_experts, **knobs)
-        if len(future) != self.num_layers or any(f.shape[1] != self.num_experts for f in future):
-            raise ValueError(f"retention.future has {len(future)} layers; the run has {self.num_layers} MoE layers "
-                             f"of {self.num_experts} experts")
-        self.future = future
-        self._t = np.full(self.num_layers, -1, dtype=np.int64)
-        self._prio = np.zeros((self.num_layers, self.num_experts))
-
-    def _update(self, layer: int, ids: np.ndarray, weights: Any, counts: np.ndarray, clock: int) -> None:
-        super()._update(layer, ids, weights, counts, clock)
-        t = self._t[layer] = self._t[layer] + 1
-        rows = self.future[layer]
-        if t >= rows.shape[0] or not np.array_equal(rows[t], counts > 0):
-            raise ValueError(f"retention {self.name!r}: access {t} of MoE layer {layer} does not match the future "
-                             "it was given (a future of another trace, or of another warm-up)")
-
-
-@register
-class BeladyPolicy(_FuturePolicy):
-    name = "belady"
-
-    def __init__(self, num_layers: int, num_experts: int, future: list[np.ndarray] | None = None,
-                 **knobs: Any) -> None:
-        super().__init__(num_layers, num_experts, future, **knobs)
-        self._next = [next_use(f) for f in self.future]
-
-    def priority_array(self, layer: int) -> np.ndarray:
-        np.negative(self._next[layer][max(self._t[layer], 0)], out=self._prio[layer], casting="unsafe")
-        return self._prio[layer]
-
-
 def forward_rank(nxt: np.ndarray) -> np.ndarray:
     """``[accesses, E]``: per row, how many experts have a strictly earlier next use than each one
     (the number of distinct experts used between the access and that expert's next use)."""
@@ -112,6 +75,54 @@ def held_reuse(nxt: np.ndarray, rank: np.ndarray, capacity: int) -> np.ndarray:
     return np.minimum(out[:n], MAX_REUSE)
 
 
+class _FuturePolicy(LRUPolicy):
+    """LRU plus a per-layer access counter checked against the known future."""
+
+    def __init__(self, num_layers: int, num_experts: int, future: list[np.ndarray] | None = None,
+                 **knobs: Any) -> None:
+        if future is None:
+            raise ValueError(f"retention {self.name!r} is an oracle for trace replay only: it needs the trace's "
+                             "future (knob retention.future = list(sim.belady.request_sets(trace)))")
+        super().__init__(num_layers, num_experts, **knobs)
+        if len(future) != self.num_layers or any(f.shape[1] != self.num_experts for f in future):
+            raise ValueError(f"retention.future has {len(future)} layers; the run has {self.num_layers} MoE layers "
+                             f"of {self.num_experts} experts")
+        self.future = future
+        self._t = np.full(self.num_layers, -1, dtype=np.int64)
+        self._prio = np.zeros((self.num_layers, self.num_experts))
+        self._next = [next_use(f) for f in self.future]
+        self._rank: list[np.ndarray] | None = None  # forward ranks, built on the first exact-reuse question
+        self._held: dict[int, tuple[int, np.ndarray]] = {}  # layer -> (capacity, table): the latest only
+
+    def held_reuse_row(self, layer: int) -> np.ndarray:
+        """The exact reuse of every expert of ``layer`` at its current access (``held_reuse`` at the layer's
+        current slot count)."""
+        if self._rank is None:
+            self._rank = [forward_rank(n) for n in self._next]
+        cap = self.num_experts if self.capacities is None else int(self.capacities[layer])
+        held = self._held.get(layer)
+        if held is None or held[0] != cap:
+            held = self._held[layer] = (cap, held_reuse(self._next[layer], self._rank[layer], cap))
+        return held[1][max(self._t[layer], 0)]
+
+    def _update(self, layer: int, ids: np.ndarray, weights: Any, counts: np.ndarray, clock: int) -> None:
+        super()._update(layer, ids, weights, counts, clock)
+        t = self._t[layer] = self._t[layer] + 1
+        rows = self.future[layer]
+        if t >= rows.shape[0] or not np.array_equal(rows[t], counts > 0):
+            raise ValueError(f"retention {self.name!r}: access {t} of MoE layer {layer} does not match the future "
+                             "it was given (a future of another trace, or of another warm-up)")
+
+
+@register
+class BeladyPolicy(_FuturePolicy):
+    name = "belady"
+
+    def priority_array(self, layer: int) -> np.ndarray:
+        np.negative(self._next[layer][max(self._t[layer], 0)], out=self._prio[layer], casting="unsafe")
+        return self._prio[layer]
+
+
 @register
 class BeladyReusePolicy(BeladyPolicy):
     """Belady's retention, and the exact reuse a copy would serve as the dispatcher's prediction."""
@@ -119,18 +130,20 @@ class BeladyReusePolicy(BeladyPolicy):
     name = "belady-reuse"
     tracks_usage = False
 
-    def __init__(self, num_layers: int, num_experts: int, future: list[np.ndarray] | None = None,
-                 **knobs: Any) -> None:
-        super().__init__(num_layers, num_experts, future, **knobs)
-        self._rank = [forward_rank(n) for n in self._next]
-        self._held: dict[int, tuple[int, np.ndarray]] = {}  # layer -> (capacity, table): the latest only
+    def reuse_array(self, layer: int) -> np.ndarray:
+        return self.held_reuse_row(layer)
+
+
+@register
+class LRUReusePolicy(_FuturePolicy):
+    """LRU's retention, and the exact reuse a copy would serve as the dispatcher's prediction: what a perfect
+    admission predictor adds to an online retention."""
+
+    name = "lru-reuse"
+    tracks_usage = False
 
     def reuse_array(self, layer: int) -> np.ndarray:
-        cap = self.num_experts if self.capacities is None else int(self.capacities[layer])
-        held = self._held.get(layer)
-        if held is None or held[0] != cap:
-            held = self._held[layer] = (cap, held_reuse(self._next[layer], self._rank[layer], cap))
-        return held[1][max(self._t[layer], 0)]
+        return self.held_reuse_row(layer)
 
 
 @register
