@@ -216,5 +216,5 @@ class Dispatcher:
             adm = np.ones(m, dtype=bool) if admitted is None else np.ascontiguousarray(admitted, dtype=bool)
             kernels.split_misses(np.ascontiguousarray(tokens, dtype=np.int64),
                                  np.ascontiguousarray(reuse, dtype=np.float64), adm,
-                                 int(room), float(g0), *self.kernel_costs().tolist(), take)
+                                 int(room), float(g0), *self.kernel_costs()[:6].tolist(), take)
         return take.tolist()
