@@ -296,11 +296,12 @@ def ladder_section(infos, traces, costs, tuned, profile, planner, out: Path, sim
     parts = [f"## (i) Oracle ladder: where the headroom of retention lies\nEach rung is a retention part under "
              f"the same dispatch and allocation: the strongest fair one (`{ladder.FAIR_BASE}`'s parts and dev-tuned "
              "knobs, only retention swapped) and pure caching (every miss copied, uniform split). `belady` knows the "
-             "whole future, `next-oracle` exactly the next access's expert set per layer and nothing further, "
+             "whole future, `foresight-K` the next K accesses of each layer (Belady within them, LRU beyond), "
+             "`next-oracle` exactly the next access's expert set per layer and nothing further, "
              "`belady-reuse` is belady whose reuse prediction (what the dispatcher's reuse copies admit) is the "
              "exact run of uses a copy would be held for: Belady with cost-aware admission, `lru-reuse` LRU with the "
              "same exact reuse (what perfect admission adds to an online retention), both fair dispatch only "
-             "(all four replay only, `offload/policies/oracle.py`). The long-horizon candidates `score` (HybriMoE's "
+             "(all five replay only, `offload/policies/oracle.py`). The long-horizon candidates `score` (HybriMoE's "
              "gate-score EMA), `value`, `mix` and `horizon` run at their defaults; gain = lru's TPOT / the rung's. "
              "Of a seed group (traces NAME-s<seed>) only the first seed."]
     first = None

@@ -52,9 +52,9 @@ from .policies import make_policy, make_prefetcher
 from .policies.prefetch import PREFETCHERS, Prefetcher
 
 RETENTIONS = ("oled", "lru", "lfu", "static", "tide", "moe-infinity", "score", "phase", "previous-set",
-              "value", "mix", "horizon", "next-oracle", "belady", "belady-reuse", "lru-reuse")
+              "value", "mix", "horizon", "next-oracle", "belady", "belady-reuse", "lru-reuse", "foresight")
 # oracles of the report's ladder: they read the trace's future
-REPLAY_ONLY_RETENTIONS = ("next-oracle", "belady", "belady-reuse", "lru-reuse")
+REPLAY_ONLY_RETENTIONS = ("next-oracle", "belady", "belady-reuse", "lru-reuse", "foresight")
 ALLOCATIONS = ("uniform", "adaptive")
 KNOB_PARTS = ("retention", "prefetch", "dispatch")
 # retention parts whose knobs an OffloadConfig carries (``make_policy(name, ..., config)``); others

@@ -4,6 +4,8 @@ Per trace and cache size, one retention part after another under the same dispat
 
 * ``belady`` (knows the whole future) and ``next-oracle`` (knows exactly the next access's expert
   set of each layer, nothing further), both from ``offload/policies/oracle.py``;
+* ``foresight-K`` (K = 16, 4, 2): Belady within the next K accesses of each layer, LRU beyond: how far
+  ahead the value of retention lies;
 * ``belady-reuse``: ``belady`` whose reuse prediction, which the dispatcher's admission reads (rule 4's
   reuse copies), is the exact run of uses a copy would be held for: the Belady rung with cost-aware
   admission (fair dispatch only: pure caching copies every miss, so it would equal ``belady``);
@@ -37,19 +39,24 @@ from .replay import replay
 from .report import HEADLINE_PCT, Run, md_table, slots_for
 from .trace import Trace
 
-RUNGS = ("belady-reuse", "belady", "next-oracle", "lru-reuse", "previous-set", "phase", "lru", "lfu", "score", "value",
-         "mix", "horizon", "oled")
-ORACLES = ("belady", "belady-reuse", "next-oracle", "lru-reuse")
+FORESIGHT = (16, 4, 2)  # the foresight-K rungs: Belady within K accesses of each layer, LRU beyond
+RUNGS = ("belady-reuse", "belady", *(f"foresight-{k}" for k in FORESIGHT), "next-oracle", "lru-reuse", "previous-set",
+         "phase", "lru", "lfu", "score", "value", "mix", "horizon", "oled")
+ORACLES = ("belady", "belady-reuse", "next-oracle", "lru-reuse", "foresight")
 # differ from belady and lru only in what the dispatcher admits: fair dispatch only
 ADMISSION_ONLY = ("belady-reuse", "lru-reuse")
 ONLINE = ("score", "value", "mix", "horizon", "oled")  # the rungs a live system can run
 FAIR_BASE = "lru-full"  # the composed baseline whose dispatch and allocation every rung gets
 
 
-def rung_system(base: System, retention: str, future: list[np.ndarray] | None) -> System:
-    """``base`` with its retention part (and that part's knobs) replaced by ``retention``."""
+def rung_system(base: System, rung: str, future: list[np.ndarray] | None) -> System:
+    """``base`` with its retention part (and that part's knobs) replaced by the rung's (``foresight-K``: the
+    ``foresight`` retention with horizon K)."""
     knobs = {k: v for k, v in base.knobs.items() if not k.startswith("retention.")}
+    retention, _, k = rung.partition("-") if rung.startswith("foresight-") else (rung, "", "")
     system = dataclasses.replace(base, retention=retention, knobs=knobs)
+    if k:
+        system = system.with_knobs(retention__horizon=int(k))
     return system.with_knobs(retention__future=future) if retention in ORACLES else system
 
 
@@ -105,10 +112,14 @@ def headroom_lines(runs: list[Run], pcts: tuple[float, ...] = HEADLINE_PCT) -> l
         line = (f"- {p:g}%: lru -> belady is {lru.tpot_s / best.tpot_s:.3f}x; the next-iteration oracle "
                 f"covers {nxt_share} of it ({lru.tpot_s / nxt.tpot_s:.3f}x), oled {our_share} "
                 f"({lru.tpot_s / ours.tpot_s:.3f}x)")
-        for oracle, base in (("belady-reuse", best), ("lru-reuse", lru)):
-            admit = by.get((oracle, p))
-            if admit is not None:
-                line += f"; exact reuse for admission adds {base.tpot_s / admit.tpot_s:.3f}x to {oracle.split('-')[0]}"
+        adds = [f"{base.tpot_s / by[(oracle, p)].tpot_s:.3f}x to {oracle.split('-')[0]}"
+                for oracle, base in (("belady-reuse", best), ("lru-reuse", lru)) if (oracle, p) in by]
+        if adds:
+            line += "; exact reuse for admission adds " + ", ".join(adds)
+        seen = [(k, by[(f"foresight-{k}", p)]) for k in sorted(FORESIGHT) if (f"foresight-{k}", p) in by]
+        if seen and gap > 0:
+            line += "; foresight of " + ", ".join(f"{k} accesses covers {(lru.tpot_s - r.tpot_s) / gap:.0%}"
+                                                  for k, r in seen)
         online = [(by[(n, p)].tpot_s, n) for n in ONLINE if (n, p) in by]
         if online:
             t, name = min(online)

@@ -84,6 +84,24 @@ def test_rungs_are_ordered_in_pure_caching(trace):
     assert hits["belady"] >= hits["next-oracle"] >= hits["lru"] and hits["belady"] > hits["lru"]
 
 
+def test_foresight_spans_next_oracle_to_belady(trace):
+    """Belady within K accesses, LRU beyond: a horizon past the trace is belady itself; hits grow with K."""
+    future = future_of(trace)
+    far = _run(trace, "foresight+copy+uniform", 12, future)  # default horizon 4
+    system = parse_system("foresight+copy+uniform").with_knobs(retention__future=future, retention__horizon=10**6)
+    whole = replay(trace, "foresight", 12, system=system, planner_s=0.0)
+    belady = _run(trace, "belady+copy+uniform", 12, future)
+    assert whole.hit_rate == belady.hit_rate and whole.sim_time_s == belady.sim_time_s
+    hits = []
+    for k in (1, 4, 10**6):
+        system = parse_system("foresight+copy+uniform").with_knobs(retention__future=future, retention__horizon=k)
+        hits.append(replay(trace, "foresight", 12, system=system, planner_s=0.0).hit_rate)
+    assert hits[0] <= hits[1] <= hits[2] and hits[1] == far.hit_rate
+    bad = parse_system("foresight+copy+uniform").with_knobs(retention__future=future, retention__horizon=0)
+    with pytest.raises(ValueError, match=r"foresight horizon=0 is invalid: must be an integer >= 1"):
+        replay(trace, "foresight", 12, system=bad, planner_s=0.0)
+
+
 def test_oracles_refuse_a_missing_or_foreign_future(trace):
     with pytest.raises(ValueError, match="'next-oracle' is an oracle for trace replay only: it needs the trace's "
                                          "future"):

@@ -55,12 +55,14 @@ def test_report_writes_markdown_and_plots(tmp_path, capsys):
             "d_syn.png", "e_syn.png", "i_ladder.png"} <= pngs
     ladder = md[md.index("## (i) Oracle ladder"):md.index("## (j) The optimum bracketed")]
     assert "### syn-b8-bs2" not in ladder  # batch-1 traces only
-    for rung in ("| belady |", "| next-oracle |", "| previous-set |", "| phase |", "| lru |", "| lfu |", "| score |",
+    for rung in ("| belady |", "| foresight-16 |", "| foresight-2 |", "| next-oracle |", "| previous-set |",
+                 "| phase |", "| lru |", "| lfu |", "| score |",
                  "| value |", "| mix |", "| horizon |", "| oled |"):
         assert ladder.count(rung) == 4, rung  # two traces x two dispatches
     for rung in ("| belady-reuse |", "| lru-reuse |"):
         assert ladder.count(rung) == 2, rung  # admission only: the fair dispatch's tables
     assert "exact reuse for admission adds" in ladder and "best online rung" in ladder
+    assert "foresight of 2 accesses covers" in ladder
     assert "/ 1.000x |" in ladder  # lru's gain over itself
     j = md[md.index("## (j) The optimum bracketed"):]
     low, high = map(float, re.search(r"the optimum lies in \[([0-9.]+), ([0-9.]+)\]x fused", j).groups())

@@ -19,6 +19,10 @@ others, so the TPOT gap between two rungs is the value of what the better one kn
   CPU bypass does not fill its cache with every miss, so a copy may outlive ``C`` distinct uses.
 * ``lru-reuse``: LRU's retention with the same exact reuse: what a perfect admission predictor adds
   to an online retention.
+* ``foresight`` (knob ``horizon`` = K >= 1): Belady within the next K accesses of each layer, LRU
+  beyond (an expert used within K accesses outranks every other, the sooner the higher). The
+  ladder's rungs ``foresight-K`` say how far ahead the value of retention lies: K = 1 is about
+  ``next-oracle``, K = the trace's length is ``belady``.
 * ``previous-set``: no future; keeps the previous access's set first, then LRU (a demand cache holds
   the current set anyway, so among evictable experts this is LRU except where a request exceeds the
   cache).
@@ -144,6 +148,24 @@ class LRUReusePolicy(_FuturePolicy):
 
     def reuse_array(self, layer: int) -> np.ndarray:
         return self.held_reuse_row(layer)
+
+
+@register
+class ForesightPolicy(_FuturePolicy):
+    name = "foresight"
+
+    def __init__(self, num_layers: int, num_experts: int, future: list[np.ndarray] | None = None, horizon: int = 4,
+                 **knobs: Any) -> None:
+        if isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer)) or horizon < 1:
+            raise ValueError(f"foresight horizon={horizon!r} is invalid: must be an integer >= 1 (accesses ahead)")
+        super().__init__(num_layers, num_experts, future, **knobs)
+        self.horizon = int(horizon)
+
+    def priority_array(self, layer: int) -> np.ndarray:
+        t = max(self._t[layer], 0)
+        ahead = self._next[layer][t] - t
+        np.copyto(self._prio[layer], np.where(ahead <= self.horizon, KEEP_FIRST - ahead, self._last[layer]))
+        return self._prio[layer]
 
 
 @register
