@@ -207,7 +207,7 @@ def report_cmd(args: argparse.Namespace) -> int:
                    + f"\n\n![(a)]({a.name}) ![(b)]({b.name})\n\n<details><summary>(a)/(b) every run</summary>\n\n"
                    + rp.detail_table(info.runs) + "\n\n</details>" + like_figures([info], traces, like_params))
     # (c) ablation on the main trace, from the strongest fair published baseline at 25%
-    published = [s for s in rp.SYSTEMS if s.name not in (rp.OURS, "lru-full", "lfu-full")]
+    published = [s for s in rp.SYSTEMS if s.name not in (rp.OURS, *rp.COMPOSED)]
     at25 = [r for r in main.runs if r.pct == 25 and r.system in {s.name for s in published}]
     if at25:
         best = min(at25, key=lambda r: r.result.tpot_s).system

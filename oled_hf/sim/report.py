@@ -396,18 +396,48 @@ def family(info: TraceInfo) -> str:
     return info.label.split("-b")[0]
 
 
+# issue 36's targets: TPOT ratios other / oled at 15, 25 and 40%, and oled / the valid bound at 40%
+COMPOSED = ("lru-full", "lfu-full")  # our other compositions of the same parts; every other system is published
+TARGET_COMPOSED, TARGET_PUBLISHED, TARGET_BOUND = 1.10, 1.25, 1.25
+
+
+def _margin(mine: Run, runs: list[Run], pct: float, names: Iterable[str], target: float, what: str) -> str | None:
+    at = [r for r in runs if r.pct == pct and r.system in set(names)]
+    if not at:
+        return None
+    best = min(at, key=lambda r: r.result.tpot_s)
+    ratio = best.result.tpot_s / mine.result.tpot_s
+    verdict = "MET" if ratio >= target else f"MISSED by {target / ratio:.3f}x"
+    return f"{ratio:.3f}x over the strongest {what} ({best.system}; target {target:.2f}x): {verdict}"
+
+
 def targets(runs: list[Run]) -> list[str]:
-    """Issue 24's checks on one trace: oled vs the strongest fair system at 15/25/40% (lowest TPOT?)."""
+    """Issue 36's targets on one trace: oled's TPOT at least 1.10x lower than every other composition of the
+    project's parts and 1.25x lower than the best published system at each headline size, and at most 1.25x the
+    valid bound at 40% (where a bound was computed)."""
     lines = []
+    names = {r.system for r in runs}
+    published = names - set(COMPOSED) - {OURS}
     for pct in HEADLINE_PCT:
-        mine, best = pick(runs, OURS, pct), strongest_fair(runs, pct)
-        if mine is None or best is None:
+        mine = pick(runs, OURS, pct)
+        if mine is None:
             continue
-        win = mine.result.tpot_s <= best.result.tpot_s
-        lines.append(f"- {pct:g}%: oled / strongest fair ({best.system}) = "
-                     f"{mine.result.tpot_s / best.result.tpot_s:.3f} -> lowest: {'MET' if win else 'MISSED'}")
+        parts = [m for m in (_margin(mine, runs, pct, COMPOSED, TARGET_COMPOSED, "composition"),
+                             _margin(mine, runs, pct, published, TARGET_PUBLISHED, "published system")) if m]
+        if pct == 40 and mine.bound_ratio:
+            x = mine.x_bound
+            parts.append(f"{x:.2f}x the valid LP bound (target at most {TARGET_BOUND:.2f}x): "
+                         + ("MET" if x <= TARGET_BOUND else f"MISSED by {x / TARGET_BOUND:.2f}x"))
+        if parts:
+            lines.append(f"- {pct:g}%: oled " + "; ".join(parts))
     return lines
 
 
 def write_markdown(path: Path, sections: list[str]) -> None:
-    path.write_text("\n\n".join(sections) + "\n")
+    """Written whole or not at all: a temporary file in the target folder, then renamed over ``path``."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text("\n\n".join(sections) + "\n")
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -82,8 +82,28 @@ def test_targets_name_met_and_missed():
     runs = run_systems(t, "x", SYSTEMS, HEADLINE_PCT, CostModel.h200_pcie5(2048, 512, kernel="grouped"), 0.0,
                        bounds=False)
     lines = targets(runs)
-    assert len(lines) == 3 and all(("MET" in x) or ("MISSED" in x) for x in lines)
-    assert all("strongest fair" in x for x in lines)
+    assert len(lines) == 3 and all(x.count("MET") + x.count("MISSED") == 2 for x in lines)
+    assert all("over the strongest composition" in x and "target 1.10x" in x and "target 1.25x" in x for x in lines)
+
+
+def test_targets_are_issue_36s_margins():
+    """1.10x over every composition, 1.25x over every published system, at most 1.25x the bound at 40%."""
+    from types import SimpleNamespace
+
+    from oled_hf.sim.report import Run
+
+    def run(system, pct, tpot, bound=None):
+        return Run("x", system, pct, SimpleNamespace(tpot_s=tpot, ratio_to_full=tpot), bound_ratio=bound)
+
+    runs = [run("oled", 40, 1.0, bound=0.9), run("lru-full", 40, 1.2), run("lfu-full", 40, 1.3),
+            run("hybrimoe", 40, 1.2), run("tide", 40, 1.5), run("oled", 15, 1.0), run("lru-full", 15, 1.05),
+            run("hybrimoe", 15, 1.3)]
+    lines = targets(runs)
+    assert lines[0] == ("- 15%: oled 1.050x over the strongest composition (lru-full; target 1.10x): MISSED by 1.048x; "
+                        "1.300x over the strongest published system (hybrimoe; target 1.25x): MET")
+    assert lines[1] == ("- 40%: oled 1.200x over the strongest composition (lru-full; target 1.10x): MET; 1.200x over "
+                        "the strongest published system (hybrimoe; target 1.25x): MISSED by 1.042x; 1.11x the valid "
+                        "LP bound (target at most 1.25x): MET")
 
 
 def test_every_system_gets_the_same_tuning_budget():
@@ -205,3 +225,14 @@ def test_calibration_rows_take_the_believed_run_for_an_uncalibrated_system():
     assert [(r["system"], r["wrong_ms"], r["calibrated_ms"], r["true_ms"]) for r in rows] == [
         ("oled", 1.5, 1.02, 1.0), ("mixtral-offloading", 5.0, 5.0, 5.0)]
     assert rows[0]["scales"] == {"copy": 1.0} and rows[1]["scales"] is None
+
+
+def test_write_markdown_is_whole_or_nothing(tmp_path):
+    from oled_hf.sim.report import write_markdown
+
+    path = tmp_path / "report.md"
+    write_markdown(path, ["# a", "b"])
+    assert path.read_text() == "# a\n\nb\n" and [p.name for p in tmp_path.iterdir()] == ["report.md"]
+    with pytest.raises(TypeError):
+        write_markdown(path, ["# new", None])  # fails while building the text: the old report stays
+    assert path.read_text() == "# a\n\nb\n" and [p.name for p in tmp_path.iterdir()] == ["report.md"]
