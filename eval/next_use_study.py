@@ -10,7 +10,8 @@ cell of online features, fitted on the dev trace (all layers pooled, a prior of 
 
 * recency: accesses since the expert's last use (log buckets; never used);
 * frequency: uses in the last 16 accesses of the layer;
-* ``tokens`` (default) the tokens at its last use, or ``gap`` the distance between its last two uses;
+* ``tokens`` (default) the tokens at its last use, ``gap`` the distance between its last two uses, or
+  ``blocks`` how many of the last 4 blocks (the current one included) used it;
 * the forward's denoising iteration within its block (prefill, 0, 1, 2, 3+).
 
 Retention evicts the longest predicted next use (LRU breaks ties), under ``lru-full``'s dispatch and
@@ -41,7 +42,8 @@ from oled_hf.sim.trace import load_trace
 WINDOW = 16  # accesses of the frequency feature
 RECENCY = np.array([0, 1, 2, 4, 8, 16, 32, 64, 128])  # bucket edges; one more bucket: never used
 FREQUENCY = np.array([0, 1, 2, 4, 8, 12, 16])
-THIRD = np.array([0, 1, 2, 4, 8])  # tokens at the last use, or the last gap
+THIRD = np.array([0, 1, 2, 4, 8])  # tokens at the last use, the last gap, or blocks of the last 4 that used it
+BLOCKS = 4
 ITERATIONS = 5  # prefill, 0, 1, 2, 3+
 NEVER = 10**6
 CELLS = (len(RECENCY) + 1) * len(FREQUENCY) * len(THIRD) * ITERATIONS
@@ -62,12 +64,23 @@ class Features:
         self.last = np.full(num_experts, -NEVER)
         self.third_value = np.zeros(num_experts)
         self.hist = np.zeros((WINDOW, num_experts), dtype=bool)
+        self.blocks = np.zeros((BLOCKS, num_experts), dtype=bool)  # a ring of the last blocks' expert sets
+        self.block = 0
         self.third = third
 
-    def update(self, counts: np.ndarray) -> None:
+    def update(self, counts: np.ndarray, new_block: bool) -> None:
         self.t += 1
         used = counts > 0
-        self.third_value[used] = counts[used] if self.third == "tokens" else np.minimum(self.t - self.last[used], 64)
+        if new_block:
+            self.block = (self.block + 1) % BLOCKS
+            self.blocks[self.block] = False
+        self.blocks[self.block] |= used
+        if self.third == "blocks":
+            self.third_value = self.blocks.sum(axis=0).astype(np.float64)
+        elif self.third == "tokens":
+            self.third_value[used] = counts[used]
+        else:
+            self.third_value[used] = np.minimum(self.t - self.last[used], 64)
         self.last[used] = self.t
         self.hist[self.t % WINDOW] = used
 
@@ -86,7 +99,7 @@ def fit(trace, third: str) -> np.ndarray:
         label = np.log2(np.minimum(dist, 1024).astype(np.float64))
         feats = Features(counts.shape[2], third)
         for t in range(used.shape[0]):
-            feats.update(counts[layer, t])
+            feats.update(counts[layer, t], bool(iters[t] <= 0))  # a block's first iteration (or a prefill)
             c = feats.cells(int(iters[t]))
             np.add.at(total, c, label[t])
             np.add.at(n, c, 1.0)
@@ -111,7 +124,8 @@ class LearnedNextUsePolicy(LRUPolicy):
 
     def _update(self, layer: int, ids: np.ndarray, weights: Any, counts: np.ndarray, clock: int) -> None:
         super()._update(layer, ids, weights, counts, clock)
-        self.feats[layer].update(counts)
+        f = self.feats[layer]
+        f.update(counts, bool(self.fwd_iter[f.t + 1] <= 0))
 
     def priority_array(self, layer: int) -> np.ndarray:
         f = self.feats[layer]
@@ -123,8 +137,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("dev")
     p.add_argument("held_out")
-    p.add_argument("--third", choices=("tokens", "gap"), default="tokens",
-                   help="the third feature: tokens at the last use, or the gap between the last two uses")
+    p.add_argument("--third", choices=("tokens", "gap", "blocks"), default="tokens",
+                   help="the third feature: tokens at the last use, the gap between the last two uses, or how many "
+                        "of the last 4 blocks used the expert")
     p.add_argument("--sizes", type=float, nargs="+", default=[15, 25, 40])
     args = p.parse_args()
     system_module.RETENTIONS = (*system_module.RETENTIONS, LearnedNextUsePolicy.name)  # study only
