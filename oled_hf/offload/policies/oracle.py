@@ -127,27 +127,27 @@ class BeladyPolicy(_FuturePolicy):
         return self._prio[layer]
 
 
+class _ExactReuse:
+    """Mixin (first base): the dispatcher's predicted reuse is the exact run of uses a copy is held for."""
+
+    tracks_usage = False
+
+    def reuse_array(self, layer: int) -> np.ndarray:
+        return self.held_reuse_row(layer)  # type: ignore[attr-defined]  (a _FuturePolicy's)
+
+
 @register
-class BeladyReusePolicy(BeladyPolicy):
-    """Belady's retention, and the exact reuse a copy would serve as the dispatcher's prediction."""
+class BeladyReusePolicy(_ExactReuse, BeladyPolicy):
+    """Belady's retention with the exact reuse: Belady with cost-aware admission."""
 
     name = "belady-reuse"
-    tracks_usage = False
-
-    def reuse_array(self, layer: int) -> np.ndarray:
-        return self.held_reuse_row(layer)
 
 
 @register
-class LRUReusePolicy(_FuturePolicy):
-    """LRU's retention, and the exact reuse a copy would serve as the dispatcher's prediction: what a perfect
-    admission predictor adds to an online retention."""
+class LRUReusePolicy(_ExactReuse, _FuturePolicy):
+    """LRU's retention with the exact reuse: what a perfect admission predictor adds to an online retention."""
 
     name = "lru-reuse"
-    tracks_usage = False
-
-    def reuse_array(self, layer: int) -> np.ndarray:
-        return self.held_reuse_row(layer)
 
 
 @register
