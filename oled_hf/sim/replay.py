@@ -368,7 +368,8 @@ def replay(
                         # (where its demand copy would start); later ones would be overtaken anyway
                         window = lt.end + nonexpert - max(tl.copy_free, plan_ready)
                         budget = max(math.ceil(window / cm.copy_time()), 0)
-                    want = prefetcher.prefetch_for(l + 1, pc, ctrl.capacities[l + 1], budget)
+                    want = prefetcher.prefetch_for(l + 1, pc, ctrl.capacities[l + 1], budget,
+                                                   ctrl.state.resident_mask(l + 1))
                     pf = ctrl.state.admit(l + 1, want, policy)
                     policy.on_admitted(l + 1, want, ctrl.clock)
                     pf_host += clock() - t0 if measured else 0.0

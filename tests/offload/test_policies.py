@@ -235,8 +235,25 @@ def test_prefetchers_are_a_separate_part():
     assert capped.prefetch_for(1, np.array([0, 3, 1, 0, 5, 0, 0, 0]), 4, budget=1).tolist() == [4]
     assert capped.demand_first and not gate.demand_first
     assert make_prefetcher("none", 2, 8) is None
-    with pytest.raises(ValueError, match="prefetch='x' is unknown; allowed: none, gate, gate-capped, matrix"):
+    with pytest.raises(ValueError, match="prefetch='x' is unknown; allowed: none, gate, gate-capped, previous, matrix"):
         make_prefetcher("x", 2, 8)
+
+
+def test_previous_prefetcher_copies_what_the_layer_used_last_and_the_cache_lacks():
+    """Layer 1's last access routed 3, 1, 5 and 2 tokens to experts 1, 2, 4 and 6; 4 is resident: the budget goes to
+    the others, most tokens first (ties: lower id), at most the budget and the capacity."""
+    from oled_hf.offload.policies.prefetch import make_prefetcher
+
+    prev = make_prefetcher("previous", 2, 8)
+    assert prev.capped and prev.demand_first and not prev.uses_predicted_routes
+    prev.observe_access(1, np.array([0, 3, 1, 0, 5, 0, 2, 0]), clock=1)
+    prev.observe_access(0, np.array([9, 0, 0, 0, 0, 0, 0, 0]), clock=2)  # another layer: not layer 1's
+    resident = np.zeros(8, dtype=bool)
+    resident[4] = True
+    assert prev.prefetch_for(1, None, 4, budget=2, resident=resident).tolist() == [1, 6]
+    assert prev.prefetch_for(1, None, 2, budget=None, resident=resident).tolist() == [1, 6]
+    assert prev.prefetch_for(1, None, 8, budget=8).tolist() == [4, 1, 6, 2]  # no residency known: all of them
+    assert prev.prefetch_for(1, None, 8, budget=0, resident=resident).tolist() == []
 
 
 def test_value_policy_ranks_by_decayed_frequency_times_token_load():

@@ -74,6 +74,19 @@ def test_prefetch_bytes_issued_equal_used_plus_wasted(trace, policy, warmup):
     assert r.copies * r.expert_bytes == r.bytes_copied and r.copies >= r.prefetch_issued
 
 
+def test_previous_prefetch_copies_into_idle_time_without_predicted_routes():
+    """``previous`` needs no version-2 trace; every prefetch it issues is a copy (the cache lacked the expert), each
+    started before its layer plans, and the books balance."""
+    v1 = synthetic_trace(num_layers=4, num_experts=32, top_k=4, block_length=8, num_blocks=3, num_sequences=2,
+                         seed=3, predict_keep=None)
+    from oled_hf.offload.system import parse_system
+
+    r = replay(v1, "lru+previous", 8, system=parse_system("lru+previous+cpu+reuse+adaptive"), cost_model=GROUPED,
+               planner_s=0.0, check_invariants=True)
+    assert r.prefetch_issued > 0 and r.prefetch_used > 0
+    assert r.prefetch_issued == r.prefetch_used + r.prefetch_wasted
+
+
 def test_offloading_never_beats_fused_residency(trace):
     results = compare(trace, ["oled", "lru", "lfu", "static", "tide", "prefetch", "moe-infinity"], [4, 16, 32],
                       layer_adaptive=False, cost_model=GROUPED, planner_s=0.0, bounds=False)

@@ -16,6 +16,11 @@ prefetch yet: there a system with a prefetcher behaves as its other parts.
   before layer l+1 plans (replay passes that ``budget``: a copy starting later saves nothing over
   its demand copy), and demand copies go first on the copy engine (a queued prefetch that has
   not started yields).
+* ``previous`` (``PreviousPrefetcher``): layer l+1 will route nearly as it did one iteration ago
+  (adjacent denoising iterations route nearly the same experts), so its previous access's experts
+  that are not resident now (most tokens first) are copied into the copy engine's idle time: capped
+  and demand-first as ``gate-capped``, but it needs no predicted routes, only what the layer routed
+  and what the cache holds.
 * ``matrix`` (``MatrixPrefetcher``, MoE-Infinity, arXiv 2401.14361): the request's expert
   activation matrix (tokens per layer and expert so far) is matched to the closest (cosine)
   matrix of a completed request; the experts of highest activation ratio in (current + matched),
@@ -28,7 +33,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-PREFETCHERS = ("none", "gate", "gate-capped", "matrix")
+PREFETCHERS = ("none", "gate", "gate-capped", "previous", "matrix")
 
 
 def ranked(scores: np.ndarray, limit: int) -> np.ndarray:
@@ -58,8 +63,11 @@ class Prefetcher:
         """A new block of the current sequence (a lower index than the last starts a new request)."""
 
     def prefetch_for(self, layer: int, predicted_counts: np.ndarray | None, capacity: int,
-                     budget: int | None = None) -> np.ndarray:
-        """Experts of ``layer`` to copy ahead, best first (at most ``capacity``; ``budget`` where capped)."""
+                     budget: int | None = None, resident: np.ndarray | None = None) -> np.ndarray:
+        """Experts of ``layer`` to copy ahead, best first (at most ``capacity``; ``budget`` where capped).
+
+        ``resident``: the layer's residency now (bool ``[E]``), for a prefetcher that spends its budget on
+        copies only; the cache skips resident experts either way."""
         return np.zeros(0, dtype=np.int64)
 
 
@@ -76,7 +84,7 @@ class GatePrefetcher(Prefetcher):
         self.limit = limit
 
     def prefetch_for(self, layer: int, predicted_counts: np.ndarray | None, capacity: int,
-                     budget: int | None = None) -> np.ndarray:
+                     budget: int | None = None, resident: np.ndarray | None = None) -> np.ndarray:
         if predicted_counts is None:
             return np.zeros(0, dtype=np.int64)
         n = capacity if self.limit is None else min(capacity, self.limit)
@@ -91,6 +99,26 @@ class CappedGatePrefetcher(GatePrefetcher):
     name = "gate-capped"
     demand_first = True
     capped = True
+
+
+class PreviousPrefetcher(Prefetcher):
+    """The layer's previous access, its non-resident experts most tokens first, capped by what starts in time."""
+
+    name = "previous"
+    demand_first = True
+    capped = True
+
+    def __init__(self, num_layers: int, num_experts: int, **knobs: Any) -> None:
+        super().__init__(num_layers, num_experts, **knobs)
+        self._previous = np.zeros((self.num_layers, self.num_experts))
+
+    def observe_access(self, layer: int, counts: np.ndarray, clock: int) -> None:
+        self._previous[layer] = counts
+
+    def prefetch_for(self, layer: int, predicted_counts: np.ndarray | None, capacity: int,
+                     budget: int | None = None, resident: np.ndarray | None = None) -> np.ndarray:
+        scores = self._previous[layer] if resident is None else np.where(resident, 0.0, self._previous[layer])
+        return ranked(scores, capacity if budget is None else min(capacity, budget))
 
 
 class ActivationMatrix:
@@ -162,13 +190,14 @@ class MatrixPrefetcher(Prefetcher):
         self.matrix.block_start(block_index)
 
     def prefetch_for(self, layer: int, predicted_counts: np.ndarray | None, capacity: int,
-                     budget: int | None = None) -> np.ndarray:
+                     budget: int | None = None, resident: np.ndarray | None = None) -> np.ndarray:
         n = min(int(self._last_unique[layer]) or capacity, capacity)
         return ranked(self.matrix.score(layer, self._clock), n)
 
 
 _PREFETCHERS: dict[str, type[Prefetcher]] = {
-    "none": Prefetcher, "gate": GatePrefetcher, "gate-capped": CappedGatePrefetcher, "matrix": MatrixPrefetcher,
+    "none": Prefetcher, "gate": GatePrefetcher, "gate-capped": CappedGatePrefetcher, "previous": PreviousPrefetcher,
+    "matrix": MatrixPrefetcher,
 }
 
 
