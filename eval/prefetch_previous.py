@@ -1,0 +1,50 @@
+"""What the ``previous`` prefetch part adds: oled and lru-full with and without it, beside HybriMoE.
+
+Every system with the report's deep-dev choices (``reuse_copies=1``; HybriMoE ``decay=0.5, limit=4``), timed
+as LLaDA2.0-mini on H200 + PCIe 5 (planner 20 us, one warm-up sequence); printed: each system's TPOT over
+``oled+previous``'s at each size (above 1: slower than it).
+
+    .venv/bin/python eval/prefetch_previous.py traces/held-out/deep-b16-bs1.trace traces/held-out/mini-like-s11.trace
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+from oled_hf.offload.costmodel import CostModel
+from oled_hf.sim.replay import replay
+from oled_hf.sim.report import HEADLINE_PCT, SYSTEMS, md_table, slots_for
+from oled_hf.sim.trace import load_trace
+
+TUNED = {"oled": {"dispatch.reuse_copies": 1}, "lru-full": {"dispatch.reuse_copies": 1},
+         "hybrimoe": {"retention.decay": 0.5, "prefetch.limit": 4}}  # eval/report/report.md's dev choices
+
+
+def systems():
+    for name, knobs in TUNED.items():
+        base = next(s for s in SYSTEMS if s.name == name).system(knobs)
+        yield name, base
+        if base.prefetch == "none":
+            yield f"{name} + previous", dataclasses.replace(base, prefetch="previous")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("traces", nargs="+")
+    args = p.parse_args()
+    cm = CostModel.h200_pcie5(2048, 512, kernel="grouped")
+    for path in args.traces:
+        trace = load_trace(path)
+        tpot = {name: [replay(trace, name, slots_for(pct, trace.num_experts), system=system, cost_model=cm,
+                              planner_s=20e-6, warmup_sequences=1).tpot_s for pct in HEADLINE_PCT]
+                for name, system in systems()}
+        ref = tpot["oled + previous"]
+        print(f"\n{Path(path).name}: TPOT / oled + previous's at " + " / ".join(f"{p:g}%" for p in HEADLINE_PCT))
+        print(md_table(["system"] + [f"{p:g}%" for p in HEADLINE_PCT],
+                       [[name] + [f"{a / b:.3f}" for a, b in zip(xs, ref)] for name, xs in tpot.items()]), flush=True)
+
+
+if __name__ == "__main__":
+    main()
