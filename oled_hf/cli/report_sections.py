@@ -25,7 +25,8 @@ def seed_group_section(base: str, group: list, traces: dict, names: list[str], o
                                    sim_note(first))
     b = plots.gap_to_ideal(first.runs, names, first.label, out / f"b_gap_{first.label}.png", sim_note(first))
     per_seed = "\n\n".join(f"#### {i.label}\n" + "\n".join(rp.margin_lines(i.runs)) + "\n\n"
-                           + rp.headline_table(i.runs, names) for i in group)
+                           + rp.headline_table(i.runs, names) + "\n\nTargets on this seed:\n"
+                           + "\n".join(rp.targets(i.runs)) for i in group)
     return (f"## {base}: {len(group)} seeds ({', '.join(i.label for i in group)})\n"
             f"One synthetic workload drawn with {len(group)} generator seeds (`trace synth --seed`), each trace "
             "replayed through every system; each figure is the median [min-max] over the seeds." + lp_text

@@ -40,6 +40,8 @@ def test_report_seed_group_and_flash_like_trace(tmp_path):
     assert all(c[0] == c[1] == c[2] for c in cells[3:])  # x bound (LP): one seed, so median = min = max
     for label in ("tiny-s1", "tiny-s2", "tiny-s3"):
         assert f"#### {label}\n" in group
+    targets = re.findall(r"^- (?:15|25|40)%: oled [0-9.]+x over the strongest composition .*$", group, re.M)
+    assert len(targets) == 9  # three sizes on each seed
     # the flash-like workload prints every assumed figure with its source
     fl = md[md.index("## flash-like-s1"):]
     assert "### Figures and their sources: synthetic, like llada2.0-flash" in fl
