@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..progress import add_quiet_argument, progress
 from .report_sections import bracket_section, like_figures, miscalibration_section, seed_group_section
+from .report_tuning import Tuning, parse_dev_for, tune_on, tuning_for
 
 RECORD_COMMAND = "LONG_ONLY=1 eval/record_traces.sh TRACES oled_hf/toy/long/checkpoint"
 PREDICTOR_FIGURE, PREDICTOR_TEXT = "i_predictors.png", "i_predictors.txt"  # eval/predictor_quality.py's, if present
@@ -25,6 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dev", default=None,
                    help="dev-split trace (training prompts) on which every system's knobs are tuned and "
                         "kTransformers/Fiddler's placement is profiled (default: none; systems at their defaults)")
+    p.add_argument("--dev-for", action="append", default=None, metavar="NAME=PATH[,PATH...]",
+                   help="tune the traces of workload NAME (a trace label, or the seed group NAME of traces "
+                        "NAME-s<seed>) on these dev traces instead of --dev (mean over them); repeatable")
     p.add_argument("--out", required=True, help="folder for report.md and the plots")
     p.add_argument("--overwrite", action="store_true", help="replace an existing report.md in --out")
     p.add_argument("--sizes", type=float, nargs="+", default=None,
@@ -70,6 +74,7 @@ def _check(args: argparse.Namespace) -> None:
 
 def report_cmd(args: argparse.Namespace) -> int:
     _check(args)
+    dev_for = parse_dev_for(args.dev_for, [Path(p).name.removesuffix(".trace") for p in args.traces], args.traces)
     import torch
 
     from ..sim import plots
@@ -87,22 +92,18 @@ def report_cmd(args: argparse.Namespace) -> int:
     planner = planner_seconds(args)
     names = [s.name for s in rp.SYSTEMS]
     warm = args.warmup_sequences
-    # tuning on the dev split only
-    tuned: dict = {}
-    searched: dict = {}
-    profile = None
-    dev_label = "-"
-    bar = progress(total=len(args.traces) + bool(args.dev), desc="report", unit="trace", quiet=args.quiet)
+    # tuning on the dev split only: --dev for every trace, a workload's own dev traces where --dev-for names it
+    default = Tuning(f"`{Path(args.dev).name}`" if args.dev else "-")
+    bar = progress(total=len(args.traces) + bool(args.dev) + len(dev_for), desc="report", unit="trace",
+                   quiet=args.quiet)
     if args.dev:
-        dev = load_trace(args.dev)
-        dev_label = Path(args.dev).name
-        dev_cost = cost_model_from_args(dev, args)
-        profile = rp.dev_profile(dev)
-        n_seq = len(set(dev.arrays["fwd_seq"].tolist()))
-        print(f"[report] tuning on {dev_label}", flush=True)
-        for name, (knobs, scores) in rp.tune(dev, rp.SYSTEMS, dev_cost, planner, min(warm, n_seq - 1),
-                                             profile=profile).items():
-            tuned[name], searched[name] = knobs, scores
+        print(f"[report] tuning on {default.source}", flush=True)
+        default = tune_on([args.dev], args, planner)
+        bar.update()
+    workloads = {}
+    for name, paths in dev_for.items():
+        print(f"[report] tuning {name} on {', '.join(paths)}", flush=True)
+        workloads[name] = tune_on(paths, args, planner)
         bar.update()
     infos, traces, costs = [], {}, {}
     seed_groups = rs.seed_groups(Path(p).name.removesuffix(".trace") for p in args.traces)
@@ -117,10 +118,11 @@ def report_cmd(args: argparse.Namespace) -> int:
         print(f"[report] {label}: {trace.num_forwards} forwards, {trace.num_layers}x{trace.num_experts}", flush=True)
         n_seq = len(set(trace.arrays["fwd_seq"].tolist()))
         info.warmup = min(warm, n_seq - 1)  # a one-request trace is timed from a cold start
-        prof = profile if profile is not None and profile.shape == (trace.num_layers, trace.num_experts) else None
+        tuning = tuning_for(label, default, workloads)
+        info.tuned, info.profile = tuning.knobs, tuning.profile_for(trace.num_layers, trace.num_experts)
         later = label in later_seeds and not args.lp_all_seeds  # a group's later seeds: headline sizes, no LP
         info.runs = rp.run_systems(trace, label, rp.SYSTEMS, rp.HEADLINE_PCT if later else sizes, cost, planner,
-                                   warmup_sequences=info.warmup, tuned=tuned, profile=prof,
+                                   warmup_sequences=info.warmup, tuned=info.tuned, profile=info.profile,
                                    lp_window=0 if later else args.lp_window)
         infos.append(info)
         traces[label], costs[label] = trace, cost
@@ -130,7 +132,7 @@ def report_cmd(args: argparse.Namespace) -> int:
     cm = costs[main.label]
     warm = main.warmup
     trace = traces[main.label]
-    prof = profile if profile is not None and profile.shape == (trace.num_layers, trace.num_experts) else None
+    tuned, prof = main.tuned, main.profile
     depth = ", ".join(sorted({f"{i.num_layers} MoE layers x {i.num_experts} experts" for i in infos}))
     kinds = " and ".join(sorted({trace_kind(i) for i in infos}, reverse=True))
     sec = [f"# OLED-MoE evaluation on {kinds} traces",
@@ -162,24 +164,26 @@ def report_cmd(args: argparse.Namespace) -> int:
                  "yes" if i.has_predictions else "no", str(i.warmup),
                  f"{i.timed_as} ({costs[i.label].expert_bytes / 2**20:.2f} MiB)"] for i in infos])]
 
-    def grid_text(spec) -> str:
-        if spec.name not in searched:
-            return "; ".join(", ".join(f"{k.split('.', 1)[1]}={v}" for k, v in g.items()) or "defaults"
-                             for g in spec.grid) + " (not searched: no --dev)"
-        return "; ".join((", ".join(f"{k.split('.', 1)[1]}={v}" for k, v in g.items()) or "defaults")
-                         + f": {x:.2f}" for g, x in searched[spec.name])
+    def systems_table(tuning: Tuning) -> str:
+        rows = []
+        for spec in rp.SYSTEMS:
+            s = rp.resolve(spec, tuning.knobs.get(spec.name), tuning.profile)
+            grid = ("; ".join(", ".join(f"{k.split('.', 1)[1]}={v}" for k, v in g.items()) or "defaults"
+                              for g in spec.grid) + " (not searched: no --dev)" if spec.name not in tuning.searched
+                    else "; ".join((", ".join(f"{k.split('.', 1)[1]}={v}" for k, v in g.items()) or "defaults")
+                                   + f": {x:.2f}" for g, x in tuning.searched[spec.name]))
+            rows.append([spec.name, s.retention, s.prefetch, s.dispatch, s.allocation, s.knob_text(), grid,
+                         spec.models])
+        return rp.md_table(["system", "retention", "prefetch", "dispatch", "allocation", "chosen on dev",
+                            "searched (dev x fused)", "stands for"], rows)
 
-    rows = []
-    for spec in rp.SYSTEMS:
-        s = rp.resolve(spec, tuned.get(spec.name), prof)
-        rows.append([spec.name, s.retention, s.prefetch, s.dispatch, s.allocation, s.knob_text(), grid_text(spec),
-                     spec.models])
     sec.append("## Systems\nEvery system is a composition of the same parts (`--system` names them). Every system "
-               f"searched at most {rp.TUNING_BUDGET} settings of its own knobs on the dev split (`{dev_label}`), "
+               f"searched at most {rp.TUNING_BUDGET} settings of its own knobs on the dev split ({default.source}), "
                "scored by mean x fused at 15/25/40%; the setting with the lowest score runs on the held-out traces. "
-               "`searched` lists each setting and its dev score.\n\n"
-               + rp.md_table(["system", "retention", "prefetch", "dispatch", "allocation", "chosen on dev",
-                              "searched (dev x fused)", "stands for"], rows))
+               "`searched` lists each setting and its dev score.\n\n" + systems_table(default)
+               + "".join(f"\n\nThe traces of `{name}` were tuned instead on its own dev split ({t.source}; "
+                         "`--dev-for`: mean x fused over those traces and 15/25/40%), the same grids:\n\n"
+                         + systems_table(t) for name, t in workloads.items()))
     def sim_note(info) -> str:
         mib = costs[info.label].expert_bytes / 2**20
         return (f"simulated time: {info.timed_as}-sized experts ({mib:.2f} MiB) on H200 + PCIe "
@@ -277,16 +281,16 @@ def report_cmd(args: argparse.Namespace) -> int:
                f"measured on this CPU during replay of {main.label} at 40% ({main.num_layers} MoE layers)")
     sec[-1] += "\n\n![(g)](g_overhead.png)"
     sec.append(miscalibration_section(main, trace, cm, planner, tuned, prof))
-    sec.append(ladder_section(infos, traces, costs, tuned, profile, planner, out, sim_note, later_seeds))
+    sec.append(ladder_section(infos, traces, costs, planner, out, sim_note, later_seeds))
     picked = [main] + [i for i in infos if i.label in first_seed and i is not main and i.batch_size == 1]
-    sec.append(bracket_section(picked, traces, costs, tuned, profile, planner,  # 40%: always among the sizes
+    sec.append(bracket_section(picked, traces, costs, planner,  # 40%: always among the sizes
                                windows={main.label: args.bracket_window} if args.bracket_window else {}))
     rp.write_markdown(out / "report.md", sec)
     print(f"[report] wrote {out / 'report.md'}")
     return 0
 
 
-def ladder_section(infos, traces, costs, tuned, profile, planner, out: Path, sim_note, skip: set[str]) -> str:
+def ladder_section(infos, traces, costs, planner, out: Path, sim_note, skip: set[str]) -> str:
     """(i): the oracle ladder (``sim/ladder.py``) on every batch-1 trace but ``skip`` (a seed group's later seeds),
     with a figure of the main one."""
     from ..sim import ladder, plots
@@ -309,8 +313,7 @@ def ladder_section(infos, traces, costs, tuned, profile, planner, out: Path, sim
         if info.batch_size != 1 or info.label in skip:
             continue
         trace = traces[info.label]
-        prof = profile if profile is not None and profile.shape == (trace.num_layers, trace.num_experts) else None
-        fair = rp.resolve(spec, tuned.get(spec.name), prof)
+        fair = rp.resolve(spec, info.tuned.get(spec.name), info.profile)
         print(f"[report] (i) oracle ladder on {info.label}", flush=True)
         runs = ladder.oracle_ladder(trace, info.label, fair, costs[info.label], planner, info.warmup)
         parts.append(f"### {info.label} ({info.num_layers} MoE layers x {info.num_experts})\n"

@@ -130,11 +130,12 @@ def miscalibration_section(main, trace, cm, planner, tuned, prof) -> str:
             + "\n".join(rc.calibration_checks(rows, rp.HEADLINE_PCT, wrong)) + "\n\n" + "\n\n".join(parts_cal))
 
 
-def bracket_section(picked: list, traces: dict, costs: dict, tuned: dict, profile, planner, pct: float = 40,
+def bracket_section(picked: list, traces: dict, costs: dict, planner, pct: float = 40,
                     windows: dict[str, int] | None = None) -> str:
     """(j): the optimum bracketed (the valid LP bound below, the best offline schedule above, ``sim/bracket.py``)
     and oled's time above the bound decomposed (``sim/decompose.py``) on each trace of ``picked`` at ``pct``.
-    ``windows``: per trace label, also the LP bound in windows of that many forwards (the larger bound is kept)."""
+    ``windows``: per trace label, also the LP bound in windows of that many forwards (the larger bound is kept).
+    Each trace's systems take its own tuning (``info.tuned``, ``info.profile``)."""
     from ..sim import report as rp
     from ..sim.bound import request_counts, timed_forwards
     from ..sim.bracket import offline_schedules
@@ -176,9 +177,8 @@ def bracket_section(picked: list, traces: dict, costs: dict, tuned: dict, profil
                                      size * trace.num_layers, w).time_s
             rows.append([f"valid LP bound, windows of {w} forwards", f"{longer / full_s:.2f}", "-"])
             bound_s = max(bound_s, longer)
-        prof = profile if profile is not None and profile.shape == (trace.num_layers, trace.num_experts) else None
         print(f"[report] (j) offline schedules and decomposition on {info.label}", flush=True)
-        fair = rp.resolve(spec[FAIR_BASE], tuned.get(FAIR_BASE), prof)
+        fair = rp.resolve(spec[FAIR_BASE], info.tuned.get(FAIR_BASE), info.profile)
         offline = offline_schedules(trace, cm, size, fair, info.warmup)
         print(f"[report] (j) whole-trace dual bound on {info.label}", flush=True)
         dual = dual_bound_counts(request_counts(trace), timed_forwards(trace, info.warmup), cm,
@@ -193,7 +193,7 @@ def bracket_section(picked: list, traces: dict, costs: dict, tuned: dict, profil
         for r in [mine] + ([best] if best is not None else []):
             rows.append([f"{r.system}" + (" (strongest other)" if r is best else ""),
                          f"{r.result.ratio_to_full:.2f}", f"{r.result.sim_time_s / bound_s:.2f}"])
-        ours = rp.resolve(spec[rp.OURS], tuned.get(rp.OURS), prof)
+        ours = rp.resolve(spec[rp.OURS], info.tuned.get(rp.OURS), info.profile)
         d = decompose(trace, ours, size, cm, planner, bound_s, warmup_sequences=info.warmup)
         parts.append(f"### {info.label} ({info.num_layers} MoE layers x {info.num_experts}, {size} slots per layer)\n"
                      f"Bracket: the optimum lies in [{bound_s / full_s:.2f}, {offline.best_s / full_s:.2f}]x fused "

@@ -141,6 +141,8 @@ class TraceInfo:
     warmup: int = 0  # recorded sequences replayed untimed before counting starts
     timed_as: str = ""  # the model whose expert size times it (hardware.MODEL_SHAPES)
     runs: list[Run] = field(default_factory=list)
+    tuned: dict[str, dict[str, Any]] = field(default_factory=dict)  # per system, the knobs its tuning chose
+    profile: np.ndarray | None = None  # the dev profile of that tuning, where its shape is the trace's
 
 
 def trace_info(label: str, path: str, trace: Trace) -> TraceInfo:
@@ -220,15 +222,26 @@ def tune(dev: Trace, systems: Iterable[ReportSystem], cost: CostModel, planner_s
 
     Returns ``{name: (chosen knobs, [(knobs, mean x fused) for every setting searched])}``.
     """
+    return tune_many([(dev, cost, warmup_sequences)], systems, planner_s, pcts, profile)
+
+
+def tune_many(devs: list[tuple[Trace, CostModel, int]], systems: Iterable[ReportSystem], planner_s: float | None,
+              pcts: Iterable[float] = HEADLINE_PCT, profile: np.ndarray | None = None,
+              ) -> dict[str, tuple[dict[str, Any], list[tuple[dict[str, Any], float]]]]:
+    """:func:`tune` over several dev traces ``(trace, cost model, warm-up sequences)``: a setting's score is its
+    mean x fused over every trace and size (a workload's dev seeds). A system that needs predicted routes is
+    searched only if every dev trace has them."""
+    pcts = tuple(pcts)
     out = {}
     for spec in systems:
         scores = []
         for knobs in spec.grid:
             system = resolve(spec, knobs, profile)
-            if needs_predictions(system) and not dev.has_predictions:
+            if needs_predictions(system) and not all(dev.has_predictions for dev, _, _ in devs):
                 break
             xs = [replay(dev, spec.name, slots_for(p, dev.num_experts), system=system, cost_model=cost,
-                         planner_s=planner_s, warmup_sequences=warmup_sequences).ratio_to_full for p in pcts]
+                         planner_s=planner_s, warmup_sequences=warm).ratio_to_full
+                  for dev, cost, warm in devs for p in pcts]
             scores.append((knobs, float(np.mean(xs))))
         if scores:
             out[spec.name] = (min(scores, key=lambda ks: ks[1])[0], scores)
@@ -266,12 +279,13 @@ def ablation_systems(base: ReportSystem, tuned_knobs: dict[str, Any]) -> list[tu
     d1 = System("oled", b.prefetch, "cpu+reuse", b.allocation)
     d2 = System("oled", b.prefetch, "cpu+reuse", "adaptive")
     both = {**b_knobs, **oled_knobs}
+    oled_other = {kk: v for kk, v in oled_knobs.items() if not kk.startswith("retention.")}  # oled's, not its policy's
     return [(f"{base.name} (strongest fair baseline)", base.system(tuned_knobs.get(base.name))),
             ("+ confidence retention", k(s1, b_knobs)),
             ("+ layer-adaptive", k(s2, b_knobs)),
             ("+ reuse-aware compensation", k(s3, both)),
-            ("(lru with the same parts as the last row)", k(ref, both)),
-            (f"[on oled's dispatch] {base.name}'s retention", k(d0, {**tuned_knobs.get(base.name, {}), **oled_knobs})),
+            ("(lru with the same parts as the last row)", k(ref, {**b_knobs, **oled_other})),
+            (f"[on oled's dispatch] {base.name}'s retention", k(d0, {**tuned_knobs.get(base.name, {}), **oled_other})),
             ("[on oled's dispatch] + confidence retention", k(d1, both)),
             ("[on oled's dispatch] + layer-adaptive", k(d2, both))]
 

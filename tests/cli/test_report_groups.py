@@ -49,3 +49,37 @@ def test_report_seed_group_and_flash_like_trace(tmp_path):
     assert "| tokens per forward | 3.5 |" in fl
     ladder = md[md.index("## (i) Oracle ladder"):]
     assert "### tiny-s1 " in ladder and "### tiny-s2 " not in ladder  # a group's first seed only
+
+
+def test_dev_for_tunes_a_workload_on_its_own_dev_traces(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    from oled_hf.cli.main import main
+
+    def save(name, seed, top_k=2):
+        t = synthetic_trace(num_layers=2, num_experts=16, top_k=top_k, block_length=8, num_blocks=2, seed=seed)
+        t.save(str(tmp_path / name))
+        return str(tmp_path / name)
+
+    held = [save("tiny-s1.trace", 1), save("tiny-s2.trace", 2), save("other.trace", 5)]
+    devs = [save("tiny-dev-a.trace", 11), save("tiny-dev-b.trace", 12)]
+    deep_dev = save("deep-dev.trace", 21, top_k=4)
+    out = tmp_path / "rep"
+    for bad, msg in ((["--dev-for", "nope=" + devs[0]], "'nope' names no trace or seed group of this report; "
+                                                         "allowed: other, tiny, tiny-s1, tiny-s2"),
+                     (["--dev-for", "tiny"], "expected NAME=PATH[,PATH...]"),
+                     (["--dev-for", f"tiny={held[2]}"], "is a held-out trace of this report; tune on dev traces only"),
+                     (["--dev-for", f"tiny={tmp_path / 'missing.trace'}"], "missing.trace: no such file"),
+                     (["--dev-for", f"tiny={devs[0]}", "--dev-for", f"tiny={devs[1]}"], "'tiny' is given twice")):
+        assert main(["report", *held, "--out", str(out), *bad]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and msg in err[0], err
+    assert not out.exists()  # refused before any work
+    assert main(["report", *held, "--dev", deep_dev, "--dev-for", "tiny=" + ",".join(devs), "--out", str(out),
+                 "--sizes", "25", "--planner-us", "10", "--lp-window", "0", "--as-model", "llada2.0-mini",
+                 "--quiet"]) == 0
+    md = (out / "report.md").read_text()
+    systems = md[md.index("## Systems"):md.index("## tiny: 2 seeds")]
+    assert "on the dev split (`deep-dev.trace`)" in systems
+    assert "The traces of `tiny` were tuned instead on its own dev split (`tiny-dev-a.trace`, `tiny-dev-b.trace`;" \
+        in systems
+    assert systems.count("| oled | oled | none | cpu+reuse | adaptive |") == 2  # one table per tuning

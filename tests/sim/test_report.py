@@ -236,3 +236,23 @@ def test_write_markdown_is_whole_or_nothing(tmp_path):
     with pytest.raises(TypeError):
         write_markdown(path, ["# new", None])  # fails while building the text: the old report stays
     assert path.read_text() == "# a\n\nb\n" and [p.name for p in tmp_path.iterdir()] == ["report.md"]
+
+
+def test_ablation_keeps_oleds_retention_knobs_on_oleds_retention_only():
+    """A dev tuning may give oled retention knobs (the amortised usage split: reuse=usage); the ablation's rows with
+    another retention (lru, the baseline's) take oled's dispatch knobs but not those (LRU refused them)."""
+    from oled_hf.sim.report import ablation_systems
+
+    hyb = next(s for s in SYSTEMS if s.name == "hybrimoe")
+    tuned = {"oled": {"dispatch.reuse_copies": 0, "retention.reuse": "usage", "retention.usage_decay": 0.9},
+             "hybrimoe": {"retention.decay": 0.5, "prefetch.limit": 4}}
+    rows = dict(ablation_systems(hyb, tuned))
+    for label, system in rows.items():
+        own = {k for k in system.knobs if k.startswith("retention.")}
+        if system.retention == "oled":
+            assert own <= {"retention.reuse", "retention.usage_decay"}, label
+        elif system.retention == "score":
+            assert own == {"retention.decay"} and system.knobs["retention.decay"] == 0.5, label
+        else:
+            assert not own, label
+    assert rows["(lru with the same parts as the last row)"].knobs.get("dispatch.reuse_copies") == 0
