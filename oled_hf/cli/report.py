@@ -28,7 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "kTransformers/Fiddler's placement is profiled (default: none; systems at their defaults)")
     p.add_argument("--dev-for", action="append", default=None, metavar="NAME=PATH[,PATH...]",
                    help="tune the traces of workload NAME (a trace label, or the seed group NAME of traces "
-                        "NAME-s<seed>) on these dev traces instead of --dev (mean over them); repeatable")
+                        "NAME-s<seed>) on these dev traces instead of --dev (mean over them); repeatable "
+                        "(default: none, every trace tuned on --dev)")
     p.add_argument("--out", required=True, help="folder for report.md and the plots")
     p.add_argument("--overwrite", action="store_true", help="replace an existing report.md in --out")
     p.add_argument("--sizes", type=float, nargs="+", default=None,
