@@ -1,6 +1,6 @@
 """Oracle retention for the report's ladder (replay only): what a policy could gain by knowing the future.
 
-Three rungs, each the retention part of a system timed under the same dispatch and allocation as the
+Each rung is the retention part of a system timed under the same dispatch and allocation as the
 others, so the TPOT gap between two rungs is the value of what the better one knows:
 
 * ``belady``: evicts the resident used furthest in the future (Belady's MIN as a priority:
@@ -13,10 +13,12 @@ others, so the TPOT gap between two rungs is the value of what the better one kn
   fewer than the layer's ``C`` slots' worth of other experts are used before it (its *forward
   distance*, the number of distinct experts of the layer used between now and its next use, which
   is its rank in Belady's next-use order; an expert ranked below ``C`` is the kind Belady keeps),
-  ``R[t, e] = [rank_t(e) < C] * (1 + R[next_t(e), e])``, capped at ``MAX_REUSE``. With the amortised
-  split (dispatch ``cpu``) a miss is then copied where the CPU time its exact reuse saves pays for
-  the copy: the Belady rung with cost-aware admission. Approximate in one way, stated: Belady with
-  CPU bypass does not fill its cache with every miss, so a copy may outlive ``C`` distinct uses.
+  ``R[t, e] = [rank_t(e) < C] * (1 + R[next_t(e), e])``, capped at ``MAX_REUSE``. The dispatcher's
+  admission reads it: rule 4's reuse copies (dispatch ``cpu+reuse``, the ladder's fair dispatch)
+  copy the CPU-served misses of exact reuse >= ``reuse_min``; the amortised split (``cpu``) copies a
+  miss where the CPU time its exact reuse saves pays for the copy. The Belady rung with cost-aware
+  admission. Approximate in one way, stated: Belady with CPU bypass does not fill its cache with
+  every miss, so a copy may outlive ``C`` distinct uses.
 * ``lru-reuse``: LRU's retention with the same exact reuse: what a perfect admission predictor adds
   to an online retention.
 * ``foresight`` (knob ``horizon`` = K >= 1): Belady within the next K accesses of each layer, LRU
