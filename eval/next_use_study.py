@@ -15,7 +15,9 @@ cell of online features, fitted on the dev trace (all layers pooled, a prior of 
 * the forward's denoising iteration within its block (prefill, 0, 1, 2, 3+).
 
 Retention evicts the longest predicted next use (LRU breaks ties), under ``lru-full``'s dispatch and
-allocation (the ladder's fair dispatch). A study-only retention: it is registered for this run alone.
+allocation (the ladder's fair dispatch), lru-full and oled tuned as the report tunes them (on ``--tune``, the
+deep toy's dev trace by default, as the report's every trace).
+A study-only retention: it is registered for this run alone.
 
     .venv/bin/python eval/next_use_study.py traces/dev/deep-b16-bs1.trace traces/held-out/deep-b16-bs1.trace
 """
@@ -36,7 +38,7 @@ from oled_hf.offload.policies.oracle import next_use
 from oled_hf.sim.bound import request_counts
 from oled_hf.sim.ladder import FAIR_BASE, rung_system
 from oled_hf.sim.replay import replay
-from oled_hf.sim.report import SYSTEMS, slots_for
+from oled_hf.sim.report import SYSTEMS, slots_for, tune
 from oled_hf.sim.trace import load_trace
 
 WINDOW = 16  # accesses of the frequency feature
@@ -141,15 +143,20 @@ def main() -> None:
                    help="the third feature: tokens at the last use, the gap between the last two uses, or how many "
                         "of the last 4 blocks used the expert")
     p.add_argument("--sizes", type=float, nargs="+", default=[15, 25, 40])
+    p.add_argument("--tune", default="traces/dev/deep-b16-bs1.trace",
+                   help="the dev trace lru-full and oled are tuned on (as the report tunes them)")
     args = p.parse_args()
     system_module.RETENTIONS = (*system_module.RETENTIONS, LearnedNextUsePolicy.name)  # study only
     dev, test = load_trace(args.dev), load_trace(args.held_out)
     table = fit(dev, args.third)
     cm = CostModel.h200_pcie5(2048, 512, kernel="grouped")
-    fair = next(s for s in SYSTEMS if s.name == FAIR_BASE).system({"dispatch.reuse_copies": 1})
-    oled = next(s for s in SYSTEMS if s.name == "oled").system({"dispatch.reuse_copies": 1})
+    specs = [s for s in SYSTEMS if s.name in (FAIR_BASE, "oled")]  # tuned on dev as the report tunes them
+    tuned = {name: knobs for name, (knobs, _) in tune(load_trace(args.tune), specs, cm, 20e-6,
+                                                        warmup_sequences=1).items()}
+    fair, oled = (next(s for s in specs if s.name == n).system(tuned[n]) for n in (FAIR_BASE, "oled"))
     learned = dataclasses.replace(rung_system(fair, "lru", None), retention=LearnedNextUsePolicy.name).with_knobs(
         retention__table=table, retention__fwd_iter=test.arrays["fwd_iter"], retention__third=args.third)
+    print(f"tuned on {args.tune}: {tuned}")
     print(f"table fitted on {args.dev} ({args.third}); held-out {args.held_out}; x fused, gain = lru's TPOT / it")
     for pct in args.sizes:
         size = slots_for(pct, test.num_experts)

@@ -64,8 +64,10 @@ def forward_rank(nxt: np.ndarray) -> np.ndarray:
     """``[accesses, E]``: per row, how many experts have a strictly earlier next use than each one
     (the number of distinct experts used between the access and that expert's next use)."""
     ordered = np.sort(nxt, axis=1)
-    return np.stack([np.searchsorted(o, row, side="left") for o, row in zip(ordered, nxt)]) if len(nxt) else \
-        np.zeros(nxt.shape, dtype=np.int64)
+    out = np.zeros(nxt.shape, dtype=np.int64)
+    for t in range(nxt.shape[0]):
+        out[t] = np.searchsorted(ordered[t], nxt[t], side="left")
+    return out
 
 
 def held_reuse(nxt: np.ndarray, rank: np.ndarray, capacity: int) -> np.ndarray:
