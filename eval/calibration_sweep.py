@@ -25,11 +25,11 @@ from typing import Any
 from oled_hf.fileio import check_new_file, write_atomically
 from oled_hf.offload.costmodel import CostModel
 from oled_hf.offload.system import parse_system
+from oled_hf.offload.trace import load_trace
 from oled_hf.sim.hardware import MODEL_SHAPES
 from oled_hf.sim.replay import replay
 from oled_hf.sim.report import slots_for
 from oled_hf.sim.report_calibration import calibrated, fmt_scales, format_table
-from oled_hf.sim.trace import load_trace
 
 BELIEFS = {"cpu2": (2.0, 1.0), "cpu0.5": (0.5, 1.0), "pcie2": (1.0, 2.0), "pcie0.5": (1.0, 0.5)}
 PLANNER_S = 25e-6

@@ -45,7 +45,7 @@ SYSTEMS = (
 def toy_profile(dev_path: str, layers: int) -> dict[str, list[float]]:
     """The deep toy's per-layer figures on ``dev_path``, interpolated to ``layers`` layers (activation ratio
     relative to the layer mean; skew and persistence as measured)."""
-    from oled_hf.sim.trace import load_trace
+    from oled_hf.offload.trace import load_trace
 
     trace = load_trace(dev_path)
     d = sf.describe(trace)

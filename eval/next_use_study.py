@@ -35,11 +35,11 @@ from oled_hf.offload.costmodel import CostModel
 from oled_hf.offload.policies.base import register
 from oled_hf.offload.policies.lru import LRUPolicy
 from oled_hf.offload.policies.oracle import next_use
+from oled_hf.offload.trace import load_trace
 from oled_hf.sim.bound import request_counts
 from oled_hf.sim.ladder import FAIR_BASE, rung_system
 from oled_hf.sim.replay import replay
 from oled_hf.sim.report import SYSTEMS, slots_for, tune
-from oled_hf.sim.trace import load_trace
 
 WINDOW = 16  # accesses of the frequency feature
 RECENCY = np.array([0, 1, 2, 4, 8, 16, 32, 64, 128])  # bucket edges; one more bucket: never used

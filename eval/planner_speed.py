@@ -43,8 +43,8 @@ from oled_hf.offload.config import OffloadConfig
 from oled_hf.offload.controller import CacheController
 from oled_hf.offload.costmodel import CostModel
 from oled_hf.offload.system import spelling, system_of_legacy
+from oled_hf.offload.trace import OP_BLOCK_END, OP_BLOCK_START, OP_EVENT, OP_FORWARD, Trace, load_trace
 from oled_hf.sim.synthetic import synthetic_trace
-from oled_hf.sim.trace import OP_BLOCK_END, OP_BLOCK_START, OP_EVENT, OP_FORWARD, Trace, load_trace
 
 POLICIES = ("oled", "lru", "lfu", "static", "tide")
 KINDS = ("plan", "on_iteration", "on_block_start", "on_block_end")

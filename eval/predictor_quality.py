@@ -26,8 +26,8 @@ if str(ROOT) not in sys.path:  # run from a clone without installing
     sys.path.insert(0, str(ROOT))
 
 from oled_hf.cli.common import one_line, user_error_types  # noqa: E402
+from oled_hf.offload.trace import Trace, load_trace  # noqa: E402
 from oled_hf.sim import predictors as P  # noqa: E402
-from oled_hf.sim.trace import Trace, load_trace  # noqa: E402
 
 PROG = "predictor_quality.py"
 BY_POSITION = ("next-16 oracle", "next-oracle", "lru", "oled", "combined (c,f,g,h)")

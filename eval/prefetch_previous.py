@@ -17,9 +17,9 @@ import dataclasses
 from pathlib import Path
 
 from oled_hf.offload.costmodel import CostModel
+from oled_hf.offload.trace import load_trace
 from oled_hf.sim.replay import replay
 from oled_hf.sim.report import HEADLINE_PCT, SYSTEMS, md_table, slots_for, tune
-from oled_hf.sim.trace import load_trace
 
 NAMES = ("oled", "lru-full", "hybrimoe")
 

@@ -19,13 +19,13 @@ import copy as _copy
 import numpy as np
 
 from oled_hf.offload.costmodel import CostModel
+from oled_hf.offload.trace import load_trace
 from oled_hf.sim.belady import INF
 from oled_hf.sim.bound import request_counts, timed_forwards
 from oled_hf.sim.lp_bound import full_time
 from oled_hf.sim.offline import _next_uses, accesses_of, charge_access
 from oled_hf.sim.report import slots_for
 from oled_hf.sim.timeline import Timeline
-from oled_hf.sim.trace import load_trace
 
 
 def analyse(accs, cm, total_slots, timed_from, filt=True, k_rule="greedy", retention="belady"):

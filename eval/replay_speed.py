@@ -20,10 +20,10 @@ from oled_hf.offload.config import OffloadConfig
 from oled_hf.offload.controller import CacheController
 from oled_hf.offload.costmodel import CostModel
 from oled_hf.offload.system import spelling, system_of_legacy
+from oled_hf.offload.trace import OP_FORWARD, Trace, load_trace
 from oled_hf.sim.belady import request_sets
 from oled_hf.sim.replay import default_cost_model, replay
 from oled_hf.sim.synthetic import synthetic_trace
-from oled_hf.sim.trace import OP_FORWARD, Trace, load_trace
 
 POLICIES = ("oled", "lru", "lfu", "static", "tide")
 

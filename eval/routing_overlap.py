@@ -25,8 +25,8 @@ if str(ROOT) not in sys.path:  # run from a clone without installing
     sys.path.insert(0, str(ROOT))
 
 from oled_hf.fileio import check_new_file, write_atomically, write_text_atomically  # noqa: E402
+from oled_hf.offload.trace import load_trace  # noqa: E402
 from oled_hf.sim.routing_stats import routing_stats  # noqa: E402
-from oled_hf.sim.trace import load_trace  # noqa: E402
 
 # Published for LLaDA2.0-mini (shared/docs/peers.md): block 32 x top-8 over 256 experts per layer.
 MINI = {"distinct_per_step": 69.5, "num_experts": 256, "routes_per_step": 256, "activation_cosine": 0.985,

@@ -42,11 +42,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run from a clone without installing
     sys.path.insert(0, str(ROOT))
 
+from oled_hf.offload.trace import Trace, load_trace  # noqa: E402
 from oled_hf.sim import report as rp  # noqa: E402
 from oled_hf.sim import synth_fit as sf  # noqa: E402
 from oled_hf.sim.hardware import add_cost_model_args, cost_model_from_args, planner_seconds  # noqa: E402
 from oled_hf.sim.synthetic import SynthParams, generate  # noqa: E402
-from oled_hf.sim.trace import Trace, load_trace  # noqa: E402
 
 TOLERANCE = 0.10
 

@@ -26,10 +26,10 @@ import numpy as np
 from oled_hf.fileio import check_new_file, write_atomically
 from oled_hf.offload.costmodel import CostModel
 from oled_hf.offload.system import parse_system
+from oled_hf.offload.trace import load_trace
 from oled_hf.sim.hardware import MODEL_SHAPES
 from oled_hf.sim.replay import replay
 from oled_hf.sim.report import HEADLINE_PCT, TUNING_BUDGET, slots_for
-from oled_hf.sim.trace import load_trace
 
 _REUSE = [{"dispatch.reuse_copies": n} for n in (1, 2, 4, 8)]
 # name -> (system string, tuning grid); the baselines' grids are the report's (oled_hf/sim/report.py)

@@ -25,6 +25,7 @@ import time
 import numpy as np
 
 from oled_hf.offload.costmodel import CostModel
+from oled_hf.offload.trace import load_trace
 from oled_hf.sim.bound import physical_bound, request_counts, timed_forwards
 from oled_hf.sim.bracket import offline_schedules
 from oled_hf.sim.decompose import decompose
@@ -34,7 +35,6 @@ from oled_hf.sim.lp_bound import full_time, lp_bound_counts
 from oled_hf.sim.lp_coupled import lp_bound_coupled
 from oled_hf.sim.replay import replay
 from oled_hf.sim.report import SYSTEMS, md_table, slots_for
-from oled_hf.sim.trace import load_trace
 
 TUNED = {"oled": {"dispatch.reuse_copies": 1}, "lru-full": {"dispatch.reuse_copies": 1},
          "hybrimoe": {"retention.decay": 0.5, "prefetch.limit": 4}}  # eval/report/report.md's dev choices

@@ -190,7 +190,7 @@ def demo(args: argparse.Namespace) -> int:
     import oled_hf
 
     from ..checkpoints.tokenizer import load_tokenizer
-    from ..sim.recorder import TraceRecorder
+    from ..offload.recorder import TraceRecorder
 
     _check_args(args)
     # never created here: a folder the user named is only read

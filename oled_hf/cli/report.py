@@ -78,11 +78,11 @@ def report_cmd(args: argparse.Namespace) -> int:
     dev_for = parse_dev_for(args.dev_for, [Path(p).name.removesuffix(".trace") for p in args.traces], args.traces)
     import torch
 
+    from ..offload.trace import load_trace
     from ..sim import plots
     from ..sim import report as rp
     from ..sim import report_seeds as rs
     from ..sim.hardware import MODEL_SHAPES, cost_model_from_args, planner_seconds
-    from ..sim.trace import load_trace
 
     torch.set_num_threads(args.threads)
     if args.as_model is None:

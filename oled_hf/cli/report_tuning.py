@@ -64,10 +64,10 @@ def parse_dev_for(values: list[str] | None, labels: list[str], held_out: list[st
 
 def tune_on(paths: list[str], args: argparse.Namespace, planner: float | None) -> Tuning:
     """Every report system tuned on ``paths`` (mean x fused over them), each timed as the model it is like."""
+    from ..offload.trace import load_trace
     from ..sim import report as rp
     from ..sim import report_seeds as rs
     from ..sim.hardware import MODEL_SHAPES, cost_model_from_args
-    from ..sim.trace import load_trace
 
     devs = []
     for path in paths:

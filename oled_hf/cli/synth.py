@@ -173,11 +173,11 @@ def synth(args: argparse.Namespace) -> int:
 
 def synth_fitted(args: argparse.Namespace) -> int:
     """--fit / --like / --params: the fitted generator (``oled_hf/sim/synth_fit.py``, ``synth_like.py``)."""
+    from ..offload.trace import load_trace
     from ..sim import synth_fit as sf
     from ..sim.synth_check import check_memory, memory_bytes, uniform_rows
     from ..sim.synth_like import calibrate_decoder, figures, format_figures, like
     from ..sim.synthetic import SynthParams, TraceShape, generate
-    from ..sim.trace import load_trace
 
     real = load_trace(args.fit) if args.fit else None
     if real is not None:

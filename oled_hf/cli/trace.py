@@ -151,7 +151,7 @@ def record(args: argparse.Namespace) -> int:
     import oled_hf  # noqa: F401
 
     from ..checkpoints.tokenizer import load_tokenizer
-    from ..sim.recorder import TraceRecorder
+    from ..offload.recorder import TraceRecorder
 
     path = resolve_model(args.model)
     if args.threads is not None:
@@ -194,9 +194,9 @@ def record(args: argparse.Namespace) -> int:
 def replay_cmd(args: argparse.Namespace) -> int:
     from ..offload.costmodel import CostModel
     from ..offload.system import parse_system
+    from ..offload.trace import load_trace
     from ..sim.hardware import cost_model_from_args, planner_seconds
     from ..sim.replay import compare, compare_systems, format_table
-    from ..sim.trace import load_trace
 
     for name in args.system or []:
         parse_system(name)  # a bad system name: one line, before loading anything

@@ -262,7 +262,7 @@ class OffloadConfig:
         JSON after its trace was written, and the state that matters is the one when recording starts.
         """
         if self.record_trace is not None:
-            from ..sim.recorder import check_trace_path
+            from .recorder import check_trace_path
 
             check_trace_path(self.record_trace, overwrite=self.record_trace_overwrite,
                              field="record_trace", flag="record_trace_overwrite=True")

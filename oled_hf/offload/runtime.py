@@ -165,7 +165,7 @@ class OffloadRuntime(IterationObserver):
         model.add_iteration_observer(self)
         self.recorder = None
         if config.record_trace:
-            from ..sim.recorder import TraceRecorder
+            from .recorder import TraceRecorder
 
             self.recorder = TraceRecorder(model, config.record_trace, cost_model=self.cost_model,
                                           overwrite=config.record_trace_overwrite)

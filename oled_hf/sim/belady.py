@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .trace import Trace
+from ..offload.trace import Trace
 
 INF = np.iinfo(np.int64).max // 4
 

@@ -32,8 +32,8 @@ import numpy as np
 
 from oled_hf.offload.costmodel import CostModel
 
+from ..offload.trace import Trace
 from .belady import global_min
-from .trace import Trace
 
 
 @dataclass

@@ -27,13 +27,13 @@ import numpy as np
 from oled_hf.offload.costmodel import CostModel
 from oled_hf.offload.system import System
 
+from ..offload.trace import Trace
 from .belady import request_sets
 from .bound import request_counts, timed_forwards
 from .ladder import pure_caching, rung_system
 from .offline import accesses_of, best_greedy
 from .offline_search import PREFETCH_VARIANTS, best_search
 from .replay import replay
-from .trace import Trace
 
 
 @dataclass

@@ -39,10 +39,10 @@ import numpy as np
 from oled_hf.offload.costmodel import CostModel
 from oled_hf.offload.system import System
 
+from ..offload.trace import Trace
 from .belady import request_sets
 from .replay import replay
 from .timeline import LayerTiming, Timeline
-from .trace import Trace
 
 # the module (the package re-exports its ``replay`` function under the same name)
 replay_module = importlib.import_module("oled_hf.sim.replay")

@@ -57,9 +57,9 @@ from numba import njit
 
 from oled_hf.offload.costmodel import CostModel
 
+from ..offload.trace import Trace
 from .bound import request_counts, timed_forwards
 from .lp_bound import US, full_time, window_requests
-from .trace import Trace
 
 DECAY = 0.995  # step-scale factor after an ascent step that does not improve the best value
 STARTS = (0.1, 0.5)  # starting weights of the whole-trace copy row; one ascent from each, the best kept

@@ -13,7 +13,7 @@ from typing import Any
 
 from oled_hf.offload.costmodel import CostModel
 
-from .trace import Trace
+from ..offload.trace import Trace
 
 # hidden_size, moe_intermediate_size, dtype bytes
 MODEL_SHAPES: dict[str, tuple[int, int, int]] = {

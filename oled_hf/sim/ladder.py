@@ -34,10 +34,10 @@ from typing import Any
 import numpy as np
 
 from ..offload.system import System
+from ..offload.trace import Trace
 from .belady import request_sets
 from .replay import replay
 from .report import HEADLINE_PCT, Run, md_table, slots_for
-from .trace import Trace
 
 FORESIGHT = (16, 4, 2)  # the foresight-K rungs: Belady within K accesses of each layer, LRU beyond
 RUNGS = ("belady-reuse", "belady", *(f"foresight-{k}" for k in FORESIGHT), "next-oracle", "lru-reuse", "previous-set",

@@ -74,8 +74,8 @@ from scipy.optimize import linprog
 
 from oled_hf.offload.costmodel import CostModel
 
+from ..offload.trace import Trace
 from .bound import request_counts, timed_forwards
-from .trace import Trace
 
 US = 1e6  # the LP works in microseconds (better scaled than seconds)
 DEFAULT_WINDOW = 64  # forwards per LP window

@@ -82,9 +82,9 @@ from typing import Any
 
 import numpy as np
 
+from ..offload.trace import KINDS, OP_EVENT, OP_FORWARD, Trace
 from .belady import belady_min, next_uses, request_sets
 from .routing_stats import CONFIDENCE_BINS, token_persistence
-from .trace import KINDS, OP_EVENT, OP_FORWARD, Trace
 
 POSITIONS = ("prefill", "first", "middle", "last", "refresh")
 DECODED, COMMITTED, EDITED, MASKED = 0, 1, 2, 3  # MASKED .. MASKED + bins - 1: masked by confidence bin

@@ -55,9 +55,9 @@ from oled_hf.offload.system import (
     system_of_legacy,
 )
 
+from ..offload.trace import OP_BLOCK_END, OP_BLOCK_START, OP_EVENT, OP_FORWARD, Trace
 from .belady import belady_global, belady_min
 from .timeline import Timeline
-from .trace import OP_BLOCK_END, OP_BLOCK_START, OP_EVENT, OP_FORWARD, Trace
 
 _COUNTED = ("hits", "misses", "evictions", "copies", "bytes_copied", "cpu_expert_tokens", "gpu_expert_tokens",
             "dead_on_arrival", "accesses")

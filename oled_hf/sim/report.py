@@ -42,11 +42,11 @@ import numpy as np
 from oled_hf.offload.costmodel import CostModel
 from oled_hf.offload.system import System, parse_system
 
+from ..offload.trace import Trace
 from .bound import physical_bound, request_counts, timed_forwards
 from .lp_bound import lp_bound_counts
 from .replay import ReplayResult, hit_bound, min_footnote, replay
 from .report_calibration import calibrated
-from .trace import Trace
 
 SIZES_PCT = (10, 15, 25, 40, 60, 100)
 HEADLINE_PCT = (15, 25, 40)

@@ -12,7 +12,7 @@ From the denoising forwards of a trace (each followed by its iteration event), p
   share of its top-k experts kept from iteration i to i+1, grouped by the token's state at i:
   already decoded, committed at i, or still masked with its confidence at i in bins.
 
-Pure functions of a :class:`~oled_hf.sim.trace.Trace`; ``eval/routing_overlap.py`` prints and plots.
+Pure functions of a :class:`~oled_hf.offload.trace.Trace`; ``eval/routing_overlap.py`` prints and plots.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .trace import OP_EVENT, OP_FORWARD, Trace
+from ..offload.trace import OP_EVENT, OP_FORWARD, Trace
 
 CONFIDENCE_BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 0.9, 0.95, 1.0001)
 

@@ -30,9 +30,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..offload.trace import OP_BLOCK_START, OP_EVENT, OP_FORWARD, Trace
 from .routing_stats import CONFIDENCE_BINS, denoise_steps, expert_counts, routing_stats, state_labels
 from .synthetic import STATES, SeqShape, SynthParams, TraceShape, _Decoder
-from .trace import OP_BLOCK_START, OP_EVENT, OP_FORWARD, Trace
 
 TOP_SHARE = 0.10  # popularity skew: share of a layer's routes served by its top 10% experts
 

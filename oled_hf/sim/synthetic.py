@@ -39,8 +39,8 @@ import torch
 from oled_hf.modeling.events import IterationEvent
 
 from ..fileio import write_atomically
+from ..offload.trace import Trace, TraceWriter
 from .synth_check import MAX_MEMORY_GIB, check_int, check_memory, check_params, memory_bytes
-from .trace import Trace, TraceWriter
 
 
 def _routes(rng_logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

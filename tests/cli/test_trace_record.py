@@ -14,8 +14,8 @@ import pytest
 
 from oled_hf.cli import trace as trace_cli
 from oled_hf.cli.main import main
-from oled_hf.sim import trace as trace_module
-from oled_hf.sim.trace import load_trace
+from oled_hf.offload import trace as trace_module
+from oled_hf.offload.trace import load_trace
 from tests.read_only import read_only
 
 

@@ -1,8 +1,8 @@
 """``oled-moe trace synth``: --like prints its assumptions, --fit compares, user errors are one line, exit 2."""
 
 from oled_hf.cli.main import main
+from oled_hf.offload.trace import load_trace
 from oled_hf.sim.synthetic import TraceShape, generate
-from oled_hf.sim.trace import load_trace
 from tests.sim.test_synthetic_fit import truth
 
 
@@ -128,7 +128,7 @@ def test_out_on_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, capsys, mon
     """A full disk mid-write (simulated: the trace's writer fails after writing part of the file)."""
     import errno
 
-    from oled_hf.sim.trace import Trace
+    from oled_hf.offload.trace import Trace
 
     def full(self, fh):
         fh.write(b"x" * 1000)

@@ -22,7 +22,7 @@ def _script():
 @pytest.fixture(scope="module")
 def trace_file(tmp_path_factory):
     """A small synthetic trace (no model): the writes are under test, not the statistics."""
-    from oled_hf.sim.trace import TraceWriter
+    from oled_hf.offload.trace import TraceWriter
 
     writer = TraceWriter(num_moe_layers=2, num_experts=8, top_k=2, block_length=4)
     rng = np.random.default_rng(0)

@@ -16,8 +16,8 @@ import torch
 from oled_hf.offload.config import OffloadConfig
 from oled_hf.offload.controller import CacheController
 from oled_hf.offload.costmodel import CostModel
+from oled_hf.offload.trace import OP_BLOCK_END, OP_FORWARD
 from oled_hf.sim.synthetic import synthetic_trace
-from oled_hf.sim.trace import OP_BLOCK_END, OP_FORWARD
 
 TRACES = {
     # 64 experts, top-8, 32-token blocks (the ``small`` preset's routing shape), uneven layers

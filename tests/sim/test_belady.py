@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
+from oled_hf.offload.trace import TraceWriter
 from oled_hf.sim.belady import belady_global, belady_min, next_uses
 from oled_hf.sim.replay import replay
 from oled_hf.sim.synthetic import synthetic_trace
-from oled_hf.sim.trace import TraceWriter
 
 POLICIES = ["oled", "lru", "lfu", "static", "tide"]
 

@@ -6,7 +6,8 @@ from oled_hf.modeling import OledLLaDA2ForDiffusionLM
 
 from oled_hf import OffloadConfig
 from oled_hf.offload.system import parse_system
-from oled_hf.sim import belady_min, load_trace, replay
+from oled_hf.offload.trace import load_trace
+from oled_hf.sim import belady_min, replay
 
 
 @pytest.mark.parametrize("policy, cpu", [("oled", "on"), ("lru", "off"), ("tide", "on"), ("static", "off")])
@@ -50,7 +51,7 @@ def test_trace_record_and_replay_cli(tiny_path, tmp_path, capsys):
 
 
 def test_recorder_on_resident_model_does_not_change_tokens(tiny_model, tiny_tokenizer):
-    from oled_hf.sim.recorder import TraceRecorder
+    from oled_hf.offload.recorder import TraceRecorder
 
     ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
     before = tiny_model.generate(ids, max_new_tokens=16, block_length=8)
@@ -65,7 +66,7 @@ def test_recorder_on_resident_model_does_not_change_tokens(tiny_model, tiny_toke
 
 
 def test_recorder_writes_predicted_next_layer_routes(tiny_model):
-    from oled_hf.sim.recorder import TraceRecorder
+    from oled_hf.offload.recorder import TraceRecorder
 
     recorder = TraceRecorder(tiny_model)
     try:

@@ -19,9 +19,9 @@ import pytest
 import torch
 from oled_hf.modeling.events import IterationEvent
 
+from oled_hf.offload.trace import TraceWriter
 from oled_hf.sim import predictors as P
 from oled_hf.sim.replay import replay
-from oled_hf.sim.trace import TraceWriter
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUTES = {  # forward -> per layer [row0, row1]

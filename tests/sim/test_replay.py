@@ -7,9 +7,9 @@ import torch
 from oled_hf.offload.config import OffloadConfig
 from oled_hf.offload.controller import CacheController
 from oled_hf.offload.costmodel import CostModel
+from oled_hf.offload.trace import OP_FORWARD, TraceWriter, load_trace
 from oled_hf.sim.replay import compare, format_table, replay
 from oled_hf.sim.synthetic import synthetic_trace
-from oled_hf.sim.trace import OP_FORWARD, TraceWriter, load_trace
 
 CM = CostModel.h200_pcie5(2048, 512)
 

@@ -6,8 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from oled_hf.offload.trace import load_trace
 from oled_hf.sim.routing_stats import routing_stats, state_labels, token_persistence
-from oled_hf.sim.trace import load_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -17,9 +17,9 @@ from oled_hf.offload.system import (
     spelling,
     system_of_legacy,
 )
+from oled_hf.offload.trace import OP_BLOCK_END, OP_FORWARD
 from oled_hf.sim.replay import replay
 from oled_hf.sim.synthetic import synthetic_trace
-from oled_hf.sim.trace import OP_BLOCK_END, OP_FORWARD
 
 CM = CostModel.h200_pcie5(512, 128)
 TRACE = synthetic_trace(num_layers=3, num_experts=64, top_k=8, block_length=16, num_blocks=3, num_sequences=2,

@@ -6,7 +6,7 @@
 Prompts are the first held-out problems of each task of the checkpoint's mix (``--split dev``:
 training-split problems, for tuning policies without looking at held-out routing), interleaved task
 by task, each decoded greedily with ``generate`` (batch 1, the checkpoint's generation config
-unless overridden) while :class:`~oled_hf.sim.recorder.TraceRecorder` records every forward's
+unless overridden) while :class:`~oled_hf.offload.recorder.TraceRecorder` records every forward's
 routing and every iteration event.
 """
 
@@ -40,14 +40,14 @@ def record_trace(out: str | Path, checkpoint: str | Path = LONG_CHECKPOINT, *, n
                  quiet: bool = False, overwrite: bool = False) -> dict:
     """Decode the held-out prompts and save their trace to ``out``; returns counts for the caller to print.
 
-    ``out`` is checked before the model loads (:func:`~oled_hf.sim.recorder.check_trace_path`): an
+    ``out`` is checked before the model loads (:func:`~oled_hf.offload.recorder.check_trace_path`): an
     existing file is refused unless ``overwrite``, and a missing folder is refused, not created (a
     typo far more often than a wish for a new folder; minutes of decoding would end in a file
     nobody looks for). The trace is written whole or not at all.
     Says what it does on stderr as it goes (loading, how many prompts, a per-prompt bar on a terminal):
     a run takes minutes and was silent until its last line.
     """
-    from ...sim.recorder import TraceRecorder, check_trace_path
+    from ...offload.recorder import TraceRecorder, check_trace_path
 
     if split not in SPLITS:
         raise ValueError(f"split {split!r}: expected one of {', '.join(SPLITS)}")
@@ -88,7 +88,7 @@ def record_trace(out: str | Path, checkpoint: str | Path = LONG_CHECKPOINT, *, n
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("out", help="trace file to write (torch.save format, see oled_hf/sim/trace.py)")
+    parser.add_argument("out", help="trace file to write (torch.save format, see oled_hf/offload/trace.py)")
     parser.add_argument("--model", default=str(LONG_CHECKPOINT))
     parser.add_argument("--n-per-task", type=int, default=25)
     parser.add_argument("--block-length", type=int, default=None)

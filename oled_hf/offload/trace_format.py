@@ -129,7 +129,7 @@ def _check_decoding(decoding: Any) -> None:
 def _check_cost_model(cost: Any) -> None:
     if not isinstance(cost, dict):
         raise ValueError(f"trace header cost_model={cost!r} is invalid: must be a dict of CostModel fields")
-    from ..offload.costmodel import CostModel
+    from .costmodel import CostModel
 
     try:
         CostModel(**cost)  # its own checks: known fields, finite, >= 0

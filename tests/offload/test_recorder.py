@@ -10,9 +10,9 @@ import torch
 from oled_hf.modeling import OledLLaDA2ForDiffusionLM
 
 from oled_hf.offload import OffloadConfig
-from oled_hf.sim import trace as trace_module
-from oled_hf.sim.recorder import TraceNotSaved, TraceRecorder
-from oled_hf.sim.trace import load_trace
+from oled_hf.offload import trace as trace_module
+from oled_hf.offload.recorder import TraceNotSaved, TraceRecorder
+from oled_hf.offload.trace import load_trace
 from tests.read_only import read_only
 
 PROMPT = torch.tensor([[1, 2, 3, 4, 5]])

@@ -9,7 +9,7 @@ first, then its event).
 On disk: one ``torch.save`` file holding a dict of flat tensors (ids as int16, gate weights as
 float16, ragged parts as offsets), loadable with ``weights_only=True``, written atomically (a
 temporary file beside it, then a rename). Every trace, loaded or built in memory, passes
-:func:`~oled_hf.sim.trace_format.check_trace_data` first: each field's type, shape and range, and
+:func:`~oled_hf.offload.trace_format.check_trace_data` first: each field's type, shape and range, and
 the memory readers would size from the header.
 
 Version 2 adds, per forward and MoE layer, *predicted* routes (``pred_ids`` / ``pred_weights``,

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from oled_hf.cli.main import main
+from oled_hf.offload.trace import Trace, load_trace
+from oled_hf.offload.trace_format import READER_BYTES_LIMIT, reader_bytes
 from oled_hf.sim.synthetic import synthetic_trace
-from oled_hf.sim.trace import Trace, load_trace
-from oled_hf.sim.trace_format import READER_BYTES_LIMIT, reader_bytes
 
 
 @pytest.fixture(scope="module")
