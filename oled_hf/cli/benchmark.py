@@ -25,9 +25,10 @@ from pathlib import Path
 from ..fileio import check_new_files, write_text_atomically
 from ..offload.config import KNOWN_POLICIES
 from ..offload.dispatch import CPU_COMPUTE_MODES
+from ..options.budget import add_budget_arguments, budget_choices, budget_name, check_budget_device
+from ..options.model import add_device_argument, add_model_argument
 from ..progress import add_quiet_argument, progress
-from .budget import add_budget_arguments, budget_choices, budget_name, check_budget_device
-from .common import add_device_argument, add_model_argument, cpu_compute_note, resolve_device, resolve_model
+from .common import cpu_compute_note, resolve_device, resolve_model
 
 REPORT_NAME = "report.json"  # what --report-dir holds
 DEFAULT_PROMPTS = ["Tell me a story about a ship that sails across the sea.",

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
+from ..options.budget import budget_choices, check_budget_device
 from ..serve.options import add_serving_model_arguments, loading_problem, max_model_len_problem, model_argument
-from .budget import budget_choices, check_budget_device
 from .common import resolve_device, resolve_model, standalone
 
 PROMPT = ">>> "

@@ -33,37 +33,6 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
-def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    """Loading and decoding options shared by ``chat`` and ``serve``: the model, the device, the
-    budget flags every offloading command takes (``cli.budget``), the policy and the decoding knobs."""
-    from ..offload.config import KNOWN_POLICIES
-    from .budget import add_budget_arguments
-
-    add_model_argument(p)
-    add_device_argument(p)
-    add_budget_arguments(p)
-    p.add_argument("--policy", choices=KNOWN_POLICIES, default=None,
-                   help="expert-cache retention policy (with a budget flag; default: oled)")
-    p.add_argument("--block-length", type=int, default=None,
-                   help="diffusion block length (default: the checkpoint's generation_config)")
-    p.add_argument("--threshold", type=float, default=None,
-                   help="confidence threshold to commit a token (default: the checkpoint's generation_config)")
-
-
-MODEL_HELP = ("checkpoint folder with config.json, or a Hugging Face hub id ORG/NAME[@REVISION] (offline, "
-              "HF_HUB_OFFLINE=1: from the local HF cache; a folder of the same name wins)")
-
-
-def add_model_argument(p: argparse.ArgumentParser) -> None:
-    """``--model``, the same for every subcommand: a checkpoint folder or hub id, the trained toy when omitted."""
-    p.add_argument("--model", default=None, help=f"{MODEL_HELP} (default: the shipped trained toy model)")
-
-
-def add_device_argument(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, or auto: cuda when available, else cpu "
-                   "(default: auto)")
-
-
 def resolve_device(device: str, source: str | None = None) -> str:
     """``device`` resolved (``auto``: the accelerator when there is one) and checked against this
     machine, or a ValueError naming it.

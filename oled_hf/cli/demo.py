@@ -14,10 +14,9 @@ import json
 import time
 from pathlib import Path
 
-from .budget import add_budget_arguments, budget_choices, budget_name, check_budget_device
+from ..options.budget import add_budget_arguments, budget_choices, budget_name, check_budget_device
+from ..options.model import MODEL_HELP, add_device_argument
 from .common import (
-    MODEL_HELP,
-    add_device_argument,
     cpu_compute_note,
     default_model_path,
     resolve_device,

@@ -23,9 +23,10 @@ import time
 from pathlib import Path
 
 from ..fileio import check_new_file, check_new_files, write_text_atomically
+from ..options.budget import BUDGET_KEYS, add_budget_arguments, budget_choices
+from ..options.model import add_device_argument, add_model_argument
 from ..progress import add_quiet_argument
-from .budget import BUDGET_KEYS, add_budget_arguments, budget_choices
-from .common import add_device_argument, add_model_argument, resolve_device, resolve_model
+from .common import resolve_device, resolve_model
 
 # lm-eval's name for the model this command always runs; ``--model oled_llada2`` (lm-eval's spelling,
 # where --model is the model type) therefore means "the checkpoint given by pretrained=, or the default".

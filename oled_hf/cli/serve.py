@@ -6,10 +6,10 @@ import argparse
 import os
 import sys
 
+from ..options.budget import budget_choices, check_budget_device
 from ..serve.engine import DEFAULT_BATCH_WAIT_MS, DEFAULT_MAX_BATCH_SIZE, batching_problem
 from ..serve.guard import is_loopback
 from ..serve.options import add_serving_model_arguments, loading_problem, max_model_len_problem, model_argument
-from .budget import budget_choices, check_budget_device
 from .common import resolve_device, resolve_model, served_model_name, standalone
 
 API_KEY_ENV = "OLED_MOE_API_KEY"

@@ -12,9 +12,10 @@ from pathlib import Path
 
 from ..fileio import check_new_file
 from ..offload.config import KNOWN_POLICIES
+from ..options.model import add_device_argument, add_model_argument
 from ..progress import add_quiet_argument, progress
 from ..sim.hardware import add_cost_model_args
-from .common import add_device_argument, add_model_argument, resolve_device, resolve_model
+from .common import resolve_device, resolve_model
 from .synth import register_synth
 
 

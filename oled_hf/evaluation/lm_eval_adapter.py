@@ -64,14 +64,14 @@ def split_offload_args(kwargs: dict) -> tuple[dict, dict]:
 def resolve_offload(offload: dict, device: str, batch_size: int, max_length: int | None) -> dict:
     """The model_args' ``OffloadConfig`` fields with the budget read as the CLI reads its flags.
 
-    Through ``cli.budget.budget_fields`` (the one reader), errors naming the field as typed
+    Through ``options.budget.budget_fields`` (the one reader), errors naming the field as typed
     (``cache_ratio=0 is invalid: ...``): ``gpu_memory_utilization=F`` alone means
     ``cache_ratio=auto`` with F (vLLM's meaning) and is refused beside a fixed budget; ``auto``
     reserves KV for ``batch_size`` sequences of ``max_length`` tokens unless ``auto_batch_size`` /
     ``auto_context_length`` say otherwise, and is refused before loading where ``device`` has no
     CUDA. Idempotent; ``{}`` (no offloading) stays ``{}``.
     """
-    from ..cli.budget import MODEL_ARGS, budget_fields, check_budget_device
+    from ..options.budget import MODEL_ARGS, budget_fields, check_budget_device
 
     if not offload:
         return {}

@@ -205,7 +205,7 @@ def load_model(path: str, device: str = "auto", cache_size: int | None = None, p
                budget: dict | None = None):
     """Load model and tokenizer once. ``offload_config`` is passed only when a budget is given:
     ``cache_size``, ``cache_ratio`` or ``budget`` (``OffloadConfig`` budget fields, as
-    ``cli.budget.budget_choices`` gives them: ``max_gpu_memory``, ``cache_ratio="auto"`` with
+    ``options.budget.budget_choices`` gives them: ``max_gpu_memory``, ``cache_ratio="auto"`` with
     ``gpu_memory_utilization``...), with ``policy`` or a whole ``system`` (``offload/system.py``);
     ``dtype`` (``float32``, ``bfloat16``...) is Transformers' load dtype."""
     from transformers import AutoModelForCausalLM

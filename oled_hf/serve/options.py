@@ -1,8 +1,8 @@
-"""Loading options that ``serve`` and ``chat`` share on top of ``cli.common.add_model_arguments``.
+"""Loading options that ``serve`` and ``chat`` share: :func:`add_model_arguments` and the serving flags on top.
 
 As ``vllm serve MODEL`` does, the model may be given positionally (``--model`` is kept); ``--dtype``
 and ``--max-model-len`` are added (the budget flags, ``--cache-ratio auto``, ``--max-gpu-memory``
-and ``--gpu-memory-utilization`` included, are ``cli.budget``'s, as every offloading command's).
+and ``--gpu-memory-utilization`` included, are ``options.budget``'s, as every offloading command's).
 ``--policy`` offers only the retention policies that act in a live ``generate``: ``prefetch`` and
 ``moe-infinity`` copy experts ahead from a routing trace's future, which only trace replay
 (``oled-moe trace replay``) has, so a live model would silently run plain LRU under their names.
@@ -57,10 +57,25 @@ def live_system(value: str) -> str:
     return value
 
 
-def add_serving_model_arguments(p: argparse.ArgumentParser, max_model_len: bool = True) -> None:
-    """``cli.common``'s model options, the model as an optional positional, and the loading flags below."""
-    from ..cli.common import add_model_arguments
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """Loading and decoding options shared by ``chat`` and ``serve``: the model, the device, the
+    budget flags every offloading command takes (``options.budget``), the policy and the decoding knobs."""
+    from ..options.budget import add_budget_arguments
+    from ..options.model import add_device_argument, add_model_argument
 
+    add_model_argument(p)
+    add_device_argument(p)
+    add_budget_arguments(p)
+    p.add_argument("--policy", choices=KNOWN_POLICIES, default=None,
+                   help="expert-cache retention policy (with a budget flag; default: oled)")
+    p.add_argument("--block-length", type=int, default=None,
+                   help="diffusion block length (default: the checkpoint's generation_config)")
+    p.add_argument("--threshold", type=float, default=None,
+                   help="confidence threshold to commit a token (default: the checkpoint's generation_config)")
+
+
+def add_serving_model_arguments(p: argparse.ArgumentParser, max_model_len: bool = True) -> None:
+    """:func:`add_model_arguments`, the model as an optional positional, and the loading flags below."""
     add_model_arguments(p)
     p.add_argument("model_path", nargs="?", default=None, metavar="MODEL",
                    help="checkpoint folder, as with --model (give one or the other)")
@@ -94,7 +109,7 @@ def model_argument(args: argparse.Namespace) -> str | None:
 
 def loading_problem(args: argparse.Namespace) -> str | None:
     """Why these loading options cannot work together, or None (checked before anything is loaded)."""
-    from ..cli.budget import ANY_BUDGET, budget_choices
+    from ..options.budget import ANY_BUDGET, budget_choices
 
     try:
         offloading = bool(budget_choices(args))

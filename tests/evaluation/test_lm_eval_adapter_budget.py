@@ -1,15 +1,15 @@
 """lm-eval's ``--model_args`` budget for ``oled_llada2``: ``cache_ratio=auto``, ``max_gpu_memory=SIZE`` and
-``gpu_memory_utilization=F`` (vLLM's meaning) read by the CLI's one reader (``cli/budget.py``), errors naming
+``gpu_memory_utilization=F`` (vLLM's meaning) read by the one reader (``options/budget.py``), errors naming
 the field as typed, and ``auto`` refused before loading where there is no CUDA device (issue 37 item 1)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from tests.options.test_budget import fake_cuda  # noqa: F401  (the mocked device: 20 MiB free of 100)
 from transformers import AutoModelForCausalLM
 
 from oled_hf.evaluation.lm_eval_adapter import OledLLaDA2LM
-from tests.cli.test_budget import fake_cuda  # noqa: F401  (the mocked device: 20 MiB free of 100)
 from tests.offload.test_budget import ONE, TINY
 
 MIB = 2**20

@@ -1,4 +1,4 @@
-"""The shared budget flags (``cli/budget.py``) on every command that loads an offloaded model, serve and chat
+"""The shared budget flags (``options/budget.py``) on every command that loads an offloaded model, serve and chat
 included: ``--cache-ratio auto``, ``--max-gpu-memory SIZE``, ``--gpu-memory-utilization F`` (issue 37 item 1)."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from oled_hf.cli.budget import budget_choices
 from oled_hf.cli.main import build_parser, main
+from oled_hf.options.budget import budget_choices
 
 MIB = 2**20
 OFFLOADING = ("serve", "chat", "benchmark", "demo", "eval")
@@ -209,7 +209,7 @@ def test_eval_takes_the_budget_once(tiny_path, capsys, monkeypatch):
 
 
 def test_budget_name_says_what_was_asked():
-    from oled_hf.cli.budget import budget_name
+    from oled_hf.options.budget import budget_name
 
     assert budget_name({"cache_ratio": 0.4, "auto_batch_size": 1}) == "cache ratio 0.4"
     assert budget_name({"cache_size": 3}) == "cache size 3"
