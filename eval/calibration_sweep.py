@@ -4,7 +4,7 @@ For each trace, cache size and wrong belief (``--beliefs``: believed CPU speed /
 PCIe bandwidth / true), every system is replayed three ways: deciding from the wrong belief, from
 the wrong belief calibrated online (dispatch knob ``calibrate=1``; noisy true times, seeded), and
 from the true belief. Calibration is a dispatch part, so every system whose dispatch has the CPU
-gets it (a copy-only dispatch reads no cost). Timing as ``eval/value_sweep.py``: mini experts on
+gets it (a copy-only dispatch reads no cost). Timing as the report times it: mini experts on
 H200 + PCIe 5 (grouped kernel), the planner a constant 25 us per access (deterministic on a loaded
 box), the first sequence as warm-up (so "after the first block" holds: the timed part starts after
 at least one block). Replay is deterministic here, so there is nothing to interleave.

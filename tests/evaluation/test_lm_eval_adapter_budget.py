@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.options.test_budget import fake_cuda  # noqa: F401  (the mocked device: 20 MiB free of 100)
 from transformers import AutoModelForCausalLM
 
 from oled_hf.evaluation.lm_eval_adapter import OledLLaDA2LM
 from tests.offload.test_budget import ONE, TINY
+from tests.options.test_budget import fake_cuda  # noqa: F401  (the mocked device: 20 MiB free of 100)
 
 MIB = 2**20
 
