@@ -3,15 +3,15 @@
     .venv/bin/python eval/report/bracket.py TRACE [--sizes 15 25 40] [--window 2] [--coupled-passes P]
         [--dual-steps N | --no-dual] [--decompose] [--max-forwards N]
 
-Prints, per cache size (percent of expert memory): the valid LP bound (``oled_hf/sim/lp_bound.py``,
+Prints, per cache size (percent of expert memory): the valid LP bound (``oled_hf/sim/bounds/lp.py``,
 windows of ``--window`` forwards, each from a free cache), with ``--coupled-passes P`` also the
-coupled bound (``oled_hf/sim/lp_coupled.py``: the same windows, P passes of Lagrangian prices on
-the cache state at their boundaries), the whole-trace dual bound (``oled_hf/sim/dual_bound.py``: no
+coupled bound (``oled_hf/sim/bounds/coupled.py``: the same windows, P passes of Lagrangian prices on
+the cache state at their boundaries), the whole-trace dual bound (``oled_hf/sim/bounds/dual.py``: no
 windows; ``--dual-steps`` ascent steps from each start) and the largest as the bound the ratios use, the
-greedy offline schedules (``oled_hf/sim/offline.py``, the best over its reuse credits), replay
+greedy offline schedules (``oled_hf/sim/schedules/greedy.py``, the best over its reuse credits), replay
 with the ``belady`` retention oracle (the whole future; lru-full's dispatch
 and pure caching; no planner), the best of those offline schedules (the upper side of the bracket),
-the old MIN bound (``sim/bound.py``, loose: CPU-served misses enter free)
+the old MIN bound (``sim/bounds/physical.py``, loose: CPU-served misses enter free)
 and oled / lru-full / hybrimoe replayed at the report's dev-tuned knobs, each as x fused and x that bound.
 Timed as the report times them: llada2.0-mini's expert size on H200 + PCIe 5, planner 20 us per access,
 one warm-up sequence.
@@ -26,15 +26,14 @@ import numpy as np
 
 from oled_hf.offload.costmodel import CostModel
 from oled_hf.offload.trace import load_trace
-from oled_hf.sim.bound import physical_bound, request_counts, timed_forwards
-from oled_hf.sim.bracket import offline_schedules
+from oled_hf.sim.bounds import lower_bound
+from oled_hf.sim.bounds.dual import DEFAULT_ITERATIONS
 from oled_hf.sim.decompose import decompose
-from oled_hf.sim.dual_bound import DEFAULT_ITERATIONS, dual_bound_counts
+from oled_hf.sim.demand import full_time, request_counts, timed_forwards
 from oled_hf.sim.ladder import FAIR_BASE
-from oled_hf.sim.lp_bound import full_time, lp_bound_counts
-from oled_hf.sim.lp_coupled import lp_bound_coupled
 from oled_hf.sim.replay import replay
 from oled_hf.sim.report import SYSTEMS, md_table, slots_for
+from oled_hf.sim.schedules import offline_schedules
 
 TUNED = {"oled": {"dispatch.reuse_copies": 1}, "lru-full": {"dispatch.reuse_copies": 1},
          "hybrimoe": {"retention.decay": 0.5, "prefetch.limit": 4}}  # eval/report/report.md's dev choices
@@ -48,7 +47,7 @@ def main() -> None:
     p.add_argument("--coupled-passes", type=int, default=0,
                    help="also the coupled bound with this many passes (0: off; each costs about two free-cache solves)")
     p.add_argument("--dual-steps", type=int, default=DEFAULT_ITERATIONS,
-                   help="ascent steps from each start of the whole-trace dual bound (oled_hf/sim/dual_bound.py)")
+                   help="ascent steps from each start of the whole-trace dual bound (oled_hf/sim/bounds/dual.py)")
     p.add_argument("--no-dual", action="store_true", help="leave the whole-trace dual bound out")
     p.add_argument("--decompose", action="store_true",
                    help="also decompose oled's time above the LP bound (oled_hf/sim/decompose.py)")
@@ -73,18 +72,19 @@ def main() -> None:
         size = slots_for(pct, trace.num_experts)
         total = size * trace.num_layers
         t0 = time.perf_counter()
-        lp = lp_bound_counts(counts, timed, cm, total, args.window)
+        lp = lower_bound("lp", trace, cm, total, timed=timed, window_forwards=args.window)
         bound_s, lp_s = lp.time_s, time.perf_counter() - t0
         rows = [("LP bound, free-cache windows", lp.time_s)]
         if args.coupled_passes:
             t0 = time.perf_counter()
-            coupled = lp_bound_coupled(counts, timed, cm, total, args.window, args.coupled_passes)
+            coupled = lower_bound("coupled", trace, cm, total, timed=timed, window_forwards=args.window,
+                                  passes=args.coupled_passes)
             lp_s += time.perf_counter() - t0
             rows.append((f"LP bound, coupled ({args.coupled_passes} passes)", coupled.time_s))
             bound_s = max(bound_s, coupled.time_s)
         if not args.no_dual:
             t0 = time.perf_counter()
-            dual = dual_bound_counts(counts, timed, cm, total, args.dual_steps)
+            dual = lower_bound("dual", trace, cm, total, timed=timed, iterations=args.dual_steps)
             lp_s += time.perf_counter() - t0
             rows.append((f"dual bound, whole trace ({dual.iterations} steps)", dual.time_s))
             bound_s = max(bound_s, dual.time_s)
@@ -93,7 +93,7 @@ def main() -> None:
         fair = next(s for s in SYSTEMS if s.name == FAIR_BASE).system(TUNED[FAIR_BASE])
         offline = offline_schedules(trace, cm, size, fair, 1, timed if args.max_forwards else None)
         gr_s = time.perf_counter() - t0
-        old = physical_bound(trace, cm, total, 1).ratio_to_full if not args.max_forwards else float("nan")
+        old = lower_bound("min", trace, cm, total, 1).ratio_to_full if not args.max_forwards else float("nan")
         rows += offline.rows
         if not args.max_forwards:
             rows.append(("best offline schedule", offline.best_s))

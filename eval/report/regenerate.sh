@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerate eval/report/ (the fair contest: every system composed of the same parts, tuned on the
-# dev split, judged against the valid LP bound, sim/lp_bound.py, in windows of 2 forwards) in one command:
+# dev split, judged against the valid LP bound, sim/bounds/lp.py, in windows of 2 forwards) in one command:
 #   eval/report/regenerate.sh [TRACES]      (default TRACES=traces)
 # Headline traces: the 8-MoE-layer deep toy (recorded, held-out prompts, block 16 and 32), a
 # synthetic workload at LLaDA2.0-mini's published figures (19 MoE layers x 256, block 32; seeds 1-5,

@@ -174,11 +174,11 @@ def projection(trace, total_slots: int, systems: tuple[str, ...] = SYSTEMS) -> s
     """This run's routing replayed as LLaDA2.0-mini on H200 + PCIe 5: TPOT and x fused residency.
 
     The first recorded sequence (the demo's warm-up) warms the simulated cache, as it warmed the
-    live one; the timing and the bound are ``oled_hf.sim``'s (``replay``, ``physical_bound``).
+    live one; the timing and the bound are ``oled_hf.sim``'s (``replay``, ``bounds.lower_bound``).
     """
     from ..offload.config import OffloadConfig
     from ..offload.system import parse_system
-    from ..sim.bound import physical_bound
+    from ..sim.bounds import lower_bound
     from ..sim.hardware import cost_model_from_args
     from ..sim.replay import replay
 
@@ -189,7 +189,7 @@ def projection(trace, total_slots: int, systems: tuple[str, ...] = SYSTEMS) -> s
     results = [replay(trace, name, None, system=parse_system(name).with_knobs(**REPORT_KNOBS),
                       offload_config=budget, cost_model=cm, planner_s=PLANNER_S, warmup_sequences=warm)
                for name in systems]
-    bound = physical_bound(trace, cm, total_slots, warm).ratio_to_full
+    bound = lower_bound("min", trace, cm, total_slots, warm).ratio_to_full
     fused_ms, slots = 1e3 * results[0].full_tpot_s, slot_range(even_split(total_slots, L))
     rows = [["system", "slots/layer at start", "hit rate", "TPOT ms", "x fused"]]
     rows += [[r.policy, slots, f"{r.hit_rate:.3f}", f"{1e3 * r.tpot_s:.3f}", f"{r.ratio_to_full:.2f}"]
@@ -203,7 +203,7 @@ def projection(trace, total_slots: int, systems: tuple[str, ...] = SYSTEMS) -> s
              "  accelerator, so misses may run on its CPU and hit rates differ from the live rows; both systems also "
              "copy, per layer",
              "  access, 1 CPU-run miss they expect to need again (reuse_copies=1, the report's tuned setting); "
-             "bound: oled_hf/sim/bound.py"]
+             "bound: oled_hf/sim/bounds/physical.py"]
     return "\n".join([head, table(rows), *notes])
 
 

@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup-sequences", type=int, default=1,
                    help="recorded sequences that warm the cache before timing starts (0 = cold start)")
     p.add_argument("--lp-window", type=int, default=2,
-                   help="forwards per window of the valid LP bound (oled_hf/sim/lp_bound.py; each window starts "
+                   help="forwards per window of the valid LP bound (oled_hf/sim/bounds/lp.py; each window starts "
                         "from a free cache, so longer is tighter and slower: HiGHS takes seconds per window of "
                         "2 forwards at mini's shape); 0 leaves the LP bound out (default 2)")
     p.add_argument("--bracket-window", type=int, default=0,
@@ -147,12 +147,13 @@ def report_cmd(args: argparse.Namespace) -> int:
            f"{cm.nonexpert_s_per_layer * 1e6:g} us/layer; planner host time "
            f"{'measured during replay on this CPU' if planner is None else f'{args.planner_us:g} us per access'}. "
            "`x fused` = TPOT / full residency as a fused MoE (one launch per layer, each active expert read "
-           "once from HBM); `x bound (LP)` = TPOT / the valid lower bound (`oled_hf/sim/lp_bound.py`: an LP "
+           "once from HBM); `x bound (LP)` = TPOT / the valid lower bound (`oled_hf/sim/bounds/lp.py`: an LP "
            "relaxation of offline caching with bypass in which every expert entering the GPU cache pays a copy, "
            "copy engine, GPU and CPU run in parallel per access as the timeline charges them, prefetching within "
            "copy-engine windows, any split of the slots across layers, objective time; solved by HiGHS in "
            f"windows of {args.lp_window} forwards, each from a free cache; what it drops is in its docstring). "
-           "The row `MIN bound (CPU-served misses enter free, loose)` is the old bound (`oled_hf/sim/bound.py`): "
+           "The row `MIN bound (CPU-served misses enter free, loose)` is the old bound "
+           "(`oled_hf/sim/bounds/physical.py`): "
            "Belady MIN's misses at min(copy, CPU), a CPU-served miss entering the cache without a copy; it is "
            "lower than the optimum by much more. U_slot = hits / (slots x layer accesses). Dispatchers decide "
            "from the true "

@@ -132,26 +132,24 @@ def miscalibration_section(main, trace, cm, planner, tuned, prof) -> str:
 
 def bracket_section(picked: list, traces: dict, costs: dict, planner, pct: float = 40,
                     windows: dict[str, int] | None = None) -> str:
-    """(j): the optimum bracketed (the valid LP bound below, the best offline schedule above, ``sim/bracket.py``)
+    """(j): the optimum bracketed (the valid LP bound below, the best offline schedule above, ``sim/schedules/best.py``)
     and oled's time above the bound decomposed (``sim/decompose.py``) on each trace of ``picked`` at ``pct``.
     ``windows``: per trace label, also the LP bound in windows of that many forwards (the larger bound is kept).
     Each trace's systems take its own tuning (``info.tuned``, ``info.profile``)."""
     from ..sim import report as rp
-    from ..sim.bound import request_counts, timed_forwards
-    from ..sim.bracket import offline_schedules
+    from ..sim.bounds import lower_bound
     from ..sim.decompose import decompose
-    from ..sim.dual_bound import dual_bound_counts
     from ..sim.ladder import FAIR_BASE
-    from ..sim.lp_bound import lp_bound_counts
+    from ..sim.schedules import offline_schedules
 
     parts = [f"## (j) The optimum bracketed, and where oled's time above the bound goes ({pct:g}%)\n"
-             "Below: the larger of the valid LP bound of the tables above (`sim/lp_bound.py`, free-cache windows) "
-             "and the whole-trace dual bound (`sim/dual_bound.py`: no windows, so every expert entering the cache "
+             "Below: the larger of the valid LP bound of the tables above (`sim/bounds/lp.py`, free-cache windows) "
+             "and the whole-trace dual bound (`sim/bounds/dual.py`: no windows, so every expert entering the cache "
              "after the start pays its copy; Lagrangian prices raised by subgradient ascent, any prices valid). "
              "Above: the best "
-             "of several offline schedules timed on replay's own timeline (`sim/bracket.py`: the greedy offline "
-             "schedule of `sim/offline.py`, the same with prefetches into idle copy time "
-             "(`sim/offline_search.py`), Belady's oracle retention under the strongest fair dispatch and under "
+             "of several offline schedules timed on replay's own timeline (`sim/schedules/best.py`: the greedy offline "
+             "schedule of `sim/schedules/greedy.py`, the same with prefetches into idle copy time "
+             "(`sim/schedules/search.py`), Belady's oracle retention under the strongest fair dispatch and under "
              "pure caching; no planner time). The optimum lies between them; the width is what the relaxation "
              "drops plus the schedules' myopia, not separated here. Then oled's time above the bound as a "
              "telescoping sum (`sim/decompose.py`: each cause removed on top of the previous ones, decisions from "
@@ -173,16 +171,14 @@ def bracket_section(picked: list, traces: dict, costs: dict, planner, pct: float
         w = (windows or {}).get(info.label, 0)
         if w:
             print(f"[report] (j) LP bound in windows of {w} forwards on {info.label}", flush=True)
-            longer = lp_bound_counts(request_counts(trace), timed_forwards(trace, info.warmup), cm,
-                                     size * trace.num_layers, w).time_s
+            longer = lower_bound("lp", trace, cm, size * trace.num_layers, info.warmup, window_forwards=w).time_s
             rows.append([f"valid LP bound, windows of {w} forwards", f"{longer / full_s:.2f}", "-"])
             bound_s = max(bound_s, longer)
         print(f"[report] (j) offline schedules and decomposition on {info.label}", flush=True)
         fair = rp.resolve(spec[FAIR_BASE], info.tuned.get(FAIR_BASE), info.profile)
         offline = offline_schedules(trace, cm, size, fair, info.warmup)
         print(f"[report] (j) whole-trace dual bound on {info.label}", flush=True)
-        dual = dual_bound_counts(request_counts(trace), timed_forwards(trace, info.warmup), cm,
-                                 size * trace.num_layers)
+        dual = lower_bound("dual", trace, cm, size * trace.num_layers, info.warmup)
         rows.append([f"valid dual bound, whole trace ({dual.iterations} ascent steps)", f"{dual.time_s / full_s:.2f}",
                      "-"])
         bound_s = max(bound_s, dual.time_s)

@@ -2,18 +2,18 @@
 and cache size, Belady and the bounds."""
 
 from .belady import BeladyResult, belady_global, belady_min
-from .bound import BoundResult, physical_bound
+from .bounds import BOUNDS, lower_bound
 from .replay import ReplayResult, compare, compare_systems, format_table, replay
 
 __all__ = [
     "BeladyResult",
-    "BoundResult",
+    "BOUNDS",
     "ReplayResult",
     "belady_global",
     "belady_min",
     "compare",
     "compare_systems",
     "format_table",
-    "physical_bound",
+    "lower_bound",
     "replay",
 ]

@@ -7,8 +7,8 @@ PNG plots:
 (a) TPOT (ratio to fused residency and to the valid bound) and cache utilization vs cache size;
 (b) gap to the ideal: hit rate / Belady MIN (the MIN each run can reach: demand MIN for uniform runs
     that copy every miss, with bypass otherwise, ``replay.hit_bound``) and TPOT / the valid bound
-    (``sim/lp_bound.py``: every expert entering the cache pays a copy; windows of ``lp_window``
-    forwards). The old MIN bound (``sim/bound.py``) is shown beside it, labelled for what it is: its
+    (``sim/bounds/lp.py``: every expert entering the cache pays a copy; windows of ``lp_window``
+    forwards). The old MIN bound (``sim/bounds/physical.py``) is shown beside it, labelled for what it is: its
     CPU-served misses enter the cache free, so it is lower and looser;
 (c) ablation: the strongest fair baseline -> + confidence retention -> + layer-adaptive -> + reuse-aware
     compensation, each step changing one part;
@@ -16,7 +16,7 @@ PNG plots:
 (f) PCIe 16/32/64 GB/s; (g) planner/policy host time per forward;
 (h) mis-calibration: every system's dispatcher believing the CPU or PCIe 0.25x-4x as fast as it is;
 (i) the oracle ladder (``sim/ladder.py``); (j) the optimum bracketed at 40% (the LP bound below, the best
-    offline schedule above, ``sim/bracket.py``) and oled's time above the bound decomposed
+    offline schedule above, ``sim/schedules/best.py``) and oled's time above the bound decomposed
     (``sim/decompose.py``).
 
 Every system is a composition of parts (``oled_hf.offload.system``): a published system is the
@@ -43,8 +43,8 @@ from oled_hf.offload.costmodel import CostModel
 from oled_hf.offload.system import System, parse_system
 
 from ..offload.trace import Trace
-from .bound import physical_bound, request_counts, timed_forwards
-from .lp_bound import lp_bound_counts
+from .bounds import lower_bound
+from .demand import request_counts
 from .replay import ReplayResult, hit_bound, min_footnote, replay
 from .report_calibration import calibrated
 
@@ -116,9 +116,9 @@ class Run:
     pct: float
     result: ReplayResult
     bound_hit_rate: float | None = None  # Belady MIN's hit rate (demand/bypass caching)
-    bound_ratio: float | None = None  # the valid LP bound / fused residency at this size (sim/lp_bound.py)
+    bound_ratio: float | None = None  # the valid LP bound / fused residency at this size (sim/bounds/lp.py)
     bound_name: str = ""  # which MIN bound_hit_rate is (replay.hit_bound): MIN, MIN+bypass, global MIN+bypass
-    min_ratio: float | None = None  # the old MIN bound / fused (sim/bound.py; CPU-served misses enter free: loose)
+    min_ratio: float | None = None  # the old MIN bound / fused (sim/bounds/physical.py; CPU-served misses free: loose)
 
     @property
     def x_bound(self) -> float:
@@ -178,7 +178,7 @@ def run_systems(trace: Trace, label: str, systems: Iterable[ReportSystem], pcts:
     ``calibrate``: every system whose dispatch reads costs corrects ``believed`` online
     (``dispatch.calibrate=1``; ``report_calibration.calibrated``).
 
-    ``lp_window`` > 0: the valid LP bound (``sim/lp_bound.py``) in windows of that many forwards
+    ``lp_window`` > 0: the valid LP bound (``sim/bounds/lp.py``) in windows of that many forwards
     (``Run.bound_ratio``); 0 leaves it out. The old MIN bound (``Run.min_ratio``) comes with ``bounds``.
 
     The hit-rate ceiling is the MIN the run can reach (``replay.hit_bound``): demand MIN for uniform
@@ -190,11 +190,11 @@ def run_systems(trace: Trace, label: str, systems: Iterable[ReportSystem], pcts:
     for pct in pcts:
         size = slots_for(pct, trace.num_experts)
         cache: dict[tuple[bool, bool], tuple[float, str]] = {}
-        bound = physical_bound(trace, cost, size * trace.num_layers, warmup_sequences) if bounds else None
+        total = size * trace.num_layers
+        bound = lower_bound("min", trace, cost, total, warmup_sequences) if bounds else None
         lp = None
         if bounds and lp_window > 0:
-            lp = lp_bound_counts(request_counts(trace), timed_forwards(trace, warmup_sequences), cost,
-                                 size * trace.num_layers, lp_window).ratio_to_full
+            lp = lower_bound("lp", trace, cost, total, warmup_sequences, window_forwards=lp_window).ratio_to_full
         for spec in systems:
             system = resolve(spec, tuned.get(spec.name), profile)
             if needs_predictions(system) and not trace.has_predictions:

@@ -5,8 +5,8 @@ import pytest
 
 from oled_hf.offload.costmodel import CostModel
 from oled_hf.offload.system import parse_system
+from oled_hf.sim.bounds.lp import lp_bound
 from oled_hf.sim.decompose import STEPS, KnownAheadTimeline, decompose
-from oled_hf.sim.lp_bound import lp_bound
 from oled_hf.sim.synthetic import synthetic_trace
 from oled_hf.sim.timeline import Timeline
 

@@ -6,7 +6,7 @@ further accesses the copy serves *before it is evicted*. The base policy's ``u /
 a usage EMA) counts uses with no regard to how long the cache can hold the expert: at 15% of
 expert memory a copy lives a few accesses and that estimate over-copies (two thirds of the copies
 die unused); at 40% it lives long. On the dev traces the greedy offline schedule
-(``oled_hf.sim.offline``, Belady retention) copies only misses whose next use comes soon (median
+(``oled_hf.sim.schedules.greedy``, Belady retention) copies only misses whose next use comes soon (median
 reuse distance 1 access) and serves the rest on the CPU. The online analogue: learn, per layer
 and per bin of the usage EMA, how often an expert's next use falls within the horizon the cache
 holds it, and feed that to the split.

@@ -1,11 +1,11 @@
-"""The physical bound (oled_hf/sim/bound.py) on a hand-checked trace, and against replay."""
+"""The physical bound (oled_hf/sim/bounds/physical.py) on a hand-checked trace, and against replay."""
 
 import numpy as np
 import pytest
 
 from oled_hf.offload.costmodel import CostModel
 from oled_hf.sim.belady import global_min
-from oled_hf.sim.bound import access_bound_s, bound_from_counts, physical_bound
+from oled_hf.sim.bounds.physical import access_bound_s, bound_from_counts, physical_bound
 from oled_hf.sim.replay import replay
 from oled_hf.sim.synthetic import synthetic_trace
 

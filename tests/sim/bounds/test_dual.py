@@ -1,9 +1,9 @@
-"""The whole-trace dual bound (oled_hf/sim/dual_bound.py): valid at any prices, below exhaustive search and replay."""
+"""The whole-trace dual bound (oled_hf/sim/bounds/dual.py): valid at any prices, below exhaustive search and replay."""
 
 import numpy as np
 import pytest
 
-from oled_hf.sim.dual_bound import (
+from oled_hf.sim.bounds.dual import (
     Prices,
     _per_access,
     _problem,
@@ -14,9 +14,9 @@ from oled_hf.sim.dual_bound import (
     interval_count,
     suffix_sums,
 )
-from oled_hf.sim.offline import accesses_of, exhaustive_optimum
+from oled_hf.sim.schedules.greedy import accesses_of, exhaustive_optimum
 
-from .test_lp_bound import CM, random_tiny  # copy 1 us, CPU max(2 us, n x 1 us) + 0.5 us per batch, ...
+from .test_lp import CM, random_tiny  # copy 1 us, CPU max(2 us, n x 1 us) + 0.5 us per batch, ...
 
 
 def _random_prices(rng, pb):

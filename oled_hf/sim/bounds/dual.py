@@ -1,13 +1,13 @@
 """A whole-trace valid lower bound by Lagrangian duality: no windows, so no free cache at window starts.
 
-Why: ``lp_bound.py`` solves its LP in windows of a few forwards, each starting from a free cache. At
+Why: ``lp.py`` solves its LP in windows of a few forwards, each starting from a free cache. At
 25-40% the cache holds much of a window's working set, so the windows pay few copies: on the deep
 toy at 40% the bound is 1.11x fused in 2-forward windows, 1.76x in 8-forward ones, while the best
 offline schedule is 3.28x. A whole trace is too large for HiGHS, but a relaxation of the same
 timeline with its coupling rows priced splits into one tiny shortest path per expert; any prices
 give a valid bound, so the bound covers the whole trace and is raised by subgradient ascent.
 
-Relaxed model R, over the timed layer accesses tau = 0..N-1 in trace order (as ``lp_bound.py``):
+Relaxed model R, over the timed layer accesses tau = 0..N-1 in trace order (as ``lp.py``):
 each request j (access tau_j, item = layer x expert, n_j tokens) is served on the GPU, which needs
 the item resident, or on the CPU. The item is resident at j if it was kept in a slot since its
 previous request (or since the start: any initial cache is free, as in the LP and the exhaustive
@@ -43,7 +43,7 @@ optimum`` for every feasible price vector (weak duality); the ascent (Polyak ste
 prices, aimed 5% above the best value so far) keeps the best L.
 
 Checked: random prices and the ascent stay below exhaustive search on tiny traces, and every
-replayed system stays above it (``tests/sim/test_dual_bound.py``). Cost: ~40 ms per ascent step on
+replayed system stays above it (``tests/sim/bounds/test_dual.py``). Cost: ~40 ms per ascent step on
 the deep toy's held-out trace (8 x 256, 902 forwards), ~0.2 s on a mini-like one (19 x 256).
 """
 
@@ -57,9 +57,9 @@ from numba import njit
 
 from oled_hf.offload.costmodel import CostModel
 
-from ..offload.trace import Trace
-from .bound import request_counts, timed_forwards
-from .lp_bound import US, full_time, window_requests
+from ...offload.trace import Trace
+from ..demand import full_time, request_counts, timed_forwards
+from .lp import US, window_requests
 
 DECAY = 0.995  # step-scale factor after an ascent step that does not improve the best value
 STARTS = (0.1, 0.5)  # starting weights of the whole-trace copy row; one ascent from each, the best kept

@@ -1,12 +1,12 @@
-"""Offline schedules (oled_hf/sim/offline.py): the reuse credit and the best of the greedy variants."""
+"""Offline schedules (oled_hf/sim/schedules/greedy.py): the reuse credit and the best of the greedy variants."""
 
 import numpy as np
 import pytest
 
-from oled_hf.sim.lp_bound import lp_bound_counts
-from oled_hf.sim.offline import CREDITS, accesses_of, best_greedy, exhaustive_optimum, greedy_schedule
+from oled_hf.sim.bounds.lp import lp_bound_counts
+from oled_hf.sim.schedules.greedy import CREDITS, accesses_of, best_greedy, exhaustive_optimum, greedy_schedule
 
-from .test_lp_bound import CM
+from ..bounds.test_lp import CM
 
 
 def test_a_reuse_credit_takes_a_copy_that_pays_later():

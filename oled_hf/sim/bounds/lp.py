@@ -1,6 +1,6 @@
 """The valid lower bound: a linear-programming relaxation of offline caching with bypass, timed.
 
-Why: ``bound.py``'s MIN bound lets a CPU-served miss enter the cache without a copy and counts
+Why: ``physical.py``'s MIN bound lets a CPU-served miss enter the cache without a copy and counts
 misses, not time; it is loose by about 2x. This bound charges every expert that enters the GPU
 cache a copy, runs the copy engine, the GPU and the CPU in parallel as the replay timeline does
 (``sim/timeline.py``), and minimises time. It bounds every schedule of every system replay times
@@ -74,8 +74,8 @@ from scipy.optimize import linprog
 
 from oled_hf.offload.costmodel import CostModel
 
-from ..offload.trace import Trace
-from .bound import request_counts, timed_forwards
+from ...offload.trace import Trace
+from ..demand import full_time, request_counts, timed_forwards
 
 US = 1e6  # the LP works in microseconds (better scaled than seconds)
 DEFAULT_WINDOW = 64  # forwards per LP window
@@ -161,7 +161,7 @@ def solve_window(req: Requests, cm: CostModel, total_slots: int, first_nonexpert
     """The LP of one window (module docstring); ``first_nonexpert=False`` drops access 0's non-expert part.
 
     ``price_in`` / ``price_out`` (microseconds per item, >= 0, ``[req.num_items]``): the Lagrangian
-    prices of ``sim/lp_coupled.py``. Each unit of residency at the start costs ``price_in`` (the
+    prices of ``sim/bounds/coupled.py``. Each unit of residency at the start costs ``price_in`` (the
     start state is then what has *landed*: a copy in flight at the start is a copy of this window,
     and the one copy the engine may be running at the start is granted as slack); each unit at the
     end earns ``price_out``: an item kept from its last request to the end, kept from the start
@@ -407,15 +407,6 @@ class LPBoundResult:
     @property
     def solve_s(self) -> float:
         return sum(w.solve_s for w in self.windows)
-
-
-def full_time(counts: np.ndarray, timed: np.ndarray, cm: CostModel) -> float:
-    """Fused residency over the timed forwards (replay's ``full_time_s``)."""
-    total = 0.0
-    for t in np.flatnonzero(timed):
-        for l in range(counts.shape[0]):
-            total += cm.nonexpert_s_per_layer + cm.fused_layer_time(counts[l, t])
-    return total
 
 
 def lp_bound(trace: Trace, cm: CostModel, total_slots: int, warmup_sequences: int = 0,

@@ -32,8 +32,8 @@ import numpy as np
 
 from oled_hf.offload.costmodel import CostModel
 
-from .belady import INF
-from .timeline import Timeline
+from ..belady import INF
+from ..timeline import Timeline
 
 
 @dataclass

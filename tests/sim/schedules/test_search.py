@@ -1,13 +1,13 @@
-"""Greedy + prefetch offline schedules (oled_hf/sim/offline_search.py): the bracket's tighter upper side."""
+"""Greedy + prefetch offline schedules (oled_hf/sim/schedules/search.py): the bracket's tighter upper side."""
 
 import numpy as np
 import pytest
 
-from oled_hf.sim.lp_bound import lp_bound_counts
-from oled_hf.sim.offline import CREDITS, accesses_of, exhaustive_optimum, greedy_schedule
-from oled_hf.sim.offline_search import VARIANTS, Variant, best_search, search_schedule
+from oled_hf.sim.bounds.lp import lp_bound_counts
+from oled_hf.sim.schedules.greedy import CREDITS, accesses_of, exhaustive_optimum, greedy_schedule
+from oled_hf.sim.schedules.search import VARIANTS, Variant, best_search, search_schedule
 
-from .test_lp_bound import CM
+from ..bounds.test_lp import CM
 
 
 def test_a_prefetch_into_idle_copy_time_hides_the_next_layers_miss():

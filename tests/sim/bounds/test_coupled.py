@@ -1,14 +1,14 @@
-"""The coupled LP bound (oled_hf/sim/lp_coupled.py): valid at any prices, and tighter than free-cache windows."""
+"""The coupled LP bound (oled_hf/sim/bounds/coupled.py): valid at any prices, and tighter than free-cache windows."""
 
 import numpy as np
 import pytest
 
 from oled_hf.offload.costmodel import CostModel
-from oled_hf.sim.lp_bound import lp_bound_counts, window_requests
-from oled_hf.sim.lp_coupled import coupled_pass, lp_bound_coupled
-from oled_hf.sim.offline import accesses_of, exhaustive_optimum, greedy_schedule
+from oled_hf.sim.bounds.coupled import coupled_pass, lp_bound_coupled
+from oled_hf.sim.bounds.lp import lp_bound_counts, window_requests
+from oled_hf.sim.schedules.greedy import accesses_of, exhaustive_optimum, greedy_schedule
 
-from .test_lp_bound import CM
+from .test_lp import CM
 
 
 def _windows(counts, w):

@@ -41,7 +41,8 @@ import numpy as np
 
 from oled_hf.offload.costmodel import CostModel
 
-from .lp_bound import US, Requests, full_time, solve_window, window_requests
+from ..demand import full_time
+from .lp import US, Requests, solve_window, window_requests
 
 STEP0_COPIES = 0.16  # first subgradient step, in expert copies (20 us at mini's expert on PCIe 5)
 

@@ -32,8 +32,9 @@ import numpy as np
 
 from oled_hf.offload.costmodel import CostModel
 
-from ..offload.trace import Trace
-from .belady import global_min
+from ...offload.trace import Trace
+from ..belady import global_min
+from ..demand import request_counts, timed_forwards
 
 
 @dataclass
@@ -84,25 +85,6 @@ def bound_from_counts(counts: np.ndarray, hits: np.ndarray, timed: np.ndarray, c
             n_hits += int(h.sum())
             n_miss += int(m.sum())
     return BoundResult(total, full, n_miss, n_hits)
-
-
-def request_counts(trace: Trace) -> np.ndarray:
-    """Int64 ``[L, F, E]``: tokens routed to each expert by each layer in each forward."""
-    ids = trace.arrays["topk_ids"].astype(np.int64)  # [L, R, k]
-    rows = np.diff(trace.row_offsets)
-    fwd_of_row = np.repeat(np.arange(trace.num_forwards), rows)
-    L, E = trace.num_layers, trace.num_experts
-    out = np.zeros((L, trace.num_forwards, E), dtype=np.int64)
-    for l in range(L):
-        np.add.at(out[l], (np.broadcast_to(fwd_of_row[:, None], ids[l].shape), ids[l]), 1)
-    return out
-
-
-def timed_forwards(trace: Trace, warmup_sequences: int = 0) -> np.ndarray:
-    """Bool ``[F]``: forwards after the first ``warmup_sequences`` recorded sequences (as replay times them)."""
-    seq = trace.arrays["fwd_seq"].astype(np.int64)
-    starts = np.concatenate(([True], seq[1:] != seq[:-1])) if seq.size else np.zeros(0, dtype=bool)
-    return np.cumsum(starts) > warmup_sequences
 
 
 def physical_bound(trace: Trace, cm: CostModel, total_slots: int, warmup_sequences: int = 0) -> BoundResult:

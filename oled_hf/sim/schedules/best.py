@@ -1,13 +1,13 @@
 """The upper side of the bracket around the optimum: the best of several offline schedules on one trace.
 
-The lower side is the valid LP bound (``sim/lp_bound.py``, and ``sim/lp_coupled.py``); the upper
+The lower side is the valid LP bound (``sim/bounds/lp.py``, and ``sim/bounds/coupled.py``); the upper
 side is any schedule the timeline can run, so the least of several is kept. Each is timed as
 ``replay`` times a system (one warm-up handling, the true cost model), none pays planner time (an
 offline schedule plans nothing on the host):
 
-* the greedy offline schedule (``sim/offline.py``: Belady retention, per-access copy count chosen
+* the greedy offline schedule (``sim/schedules/greedy.py``: Belady retention, per-access copy count chosen
   on the timeline, best over its reuse credits);
-* the same greedy plus prefetches into the copy engine's idle time (``sim/offline_search.py``, best
+* the same greedy plus prefetches into the copy engine's idle time (``sim/schedules/search.py``, best
   over its variants): at deep 40% it ends 8.5% sooner than the greedy alone (3.28 vs 3.58x fused);
 * replay with the ``belady`` retention oracle (it knows the whole future) under the strongest fair
   system's dispatch and allocation;
@@ -27,13 +27,13 @@ import numpy as np
 from oled_hf.offload.costmodel import CostModel
 from oled_hf.offload.system import System
 
-from ..offload.trace import Trace
-from .belady import request_sets
-from .bound import request_counts, timed_forwards
-from .ladder import pure_caching, rung_system
-from .offline import accesses_of, best_greedy
-from .offline_search import PREFETCH_VARIANTS, best_search
-from .replay import replay
+from ...offload.trace import Trace
+from ..belady import request_sets
+from ..demand import request_counts, timed_forwards
+from ..ladder import pure_caching, rung_system
+from ..replay import replay
+from .greedy import accesses_of, best_greedy
+from .search import PREFETCH_VARIANTS, best_search
 
 
 @dataclass

@@ -1,14 +1,15 @@
-"""The upper side of the bracket (oled_hf/sim/bracket.py): offline schedules on the timeline, above the LP bound."""
+"""The upper side of the bracket (oled_hf/sim/schedules/best.py): offline schedules on the timeline, above
+the LP bound."""
 
 import numpy as np
 import pytest
 
 from oled_hf.offload.costmodel import CostModel
 from oled_hf.offload.system import parse_system
-from oled_hf.sim.bound import timed_forwards
-from oled_hf.sim.bracket import offline_schedules
-from oled_hf.sim.lp_bound import lp_bound
+from oled_hf.sim.bounds.lp import lp_bound
+from oled_hf.sim.demand import timed_forwards
 from oled_hf.sim.replay import replay
+from oled_hf.sim.schedules import offline_schedules
 from oled_hf.sim.synthetic import synthetic_trace
 
 

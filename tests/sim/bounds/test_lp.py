@@ -1,14 +1,14 @@
-"""The valid LP bound (oled_hf/sim/lp_bound.py): hand-checked, bracketed by exhaustive search, below replay."""
+"""The valid LP bound (oled_hf/sim/bounds/lp.py): hand-checked, bracketed by exhaustive search, below replay."""
 
 import numpy as np
 import pytest
 
 from oled_hf.offload.costmodel import CostModel
-from oled_hf.sim.bound import physical_bound
-from oled_hf.sim.dual_bound import dual_bound
-from oled_hf.sim.lp_bound import lp_bound, lp_bound_counts
-from oled_hf.sim.offline import accesses_of, exhaustive_optimum, greedy_schedule
+from oled_hf.sim.bounds.dual import dual_bound
+from oled_hf.sim.bounds.lp import lp_bound, lp_bound_counts
+from oled_hf.sim.bounds.physical import physical_bound
 from oled_hf.sim.replay import replay
+from oled_hf.sim.schedules.greedy import accesses_of, exhaustive_optimum, greedy_schedule
 from oled_hf.sim.synthetic import synthetic_trace
 
 # copy 1 us; CPU max(2 us, n x 1 us) + 0.5 us per batch; GPU 0.5 us per access + 1 us + 0.1 us/token; non-expert 0.5 us
@@ -84,7 +84,7 @@ def test_windows_only_lower_the_bound():
 
 
 def test_no_system_beats_the_lp_bound_on_a_synthetic_trace():
-    """Nor the whole-trace dual bound (sim/dual_bound.py)."""
+    """Nor the whole-trace dual bound (sim/bounds/dual.py)."""
     trace = synthetic_trace(num_layers=2, num_experts=32, top_k=4, block_length=8, num_blocks=2,
                             hidden_size=512, moe_intermediate_size=128, seed=4)
     cm = CostModel.h200_pcie5(2048, 512, kernel="grouped")

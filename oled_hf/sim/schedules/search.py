@@ -1,8 +1,8 @@
 """A tighter upper side of the bracket: the greedy offline schedule plus prefetches into idle copy time.
 
-Why: ``offline.greedy_schedule`` issues only demand copies, at each access's plan. At 40% of the
+Why: ``greedy.greedy_schedule`` issues only demand copies, at each access's plan. At 40% of the
 deep toy the copy engine then idles through every access's non-expert part and through the CPU
-batch of an access that copies few experts, while the LP bound (``lp_bound.py``) may copy an
+batch of an access that copies few experts, while the LP bound (``bounds/lp.py``) may copy an
 expert during the layer accesses before its use (``cm``/``ce`` copies). This schedule keeps the
 greedy's rules (Belady retention, per access the demand-copy count ``k`` that ends the access
 earliest minus its reuse credit) and, after the demand copies of access ``t``, queues prefetches
@@ -21,8 +21,8 @@ A prefetched expert is resident from its issue (its slot is taken at ``t``'s pla
 landing time is the ready time the next access's GPU kernel waits for: this is how ``replay``
 times a prefetch (``Timeline.copies`` FIFO, ``end_layer`` waits on ready times), so the schedule
 is one the timeline runs and its time an upper bound on the optimum of the model the LP relaxes
-(prefetching is outside ``offline.exhaustive_optimum``'s schedules, so this may go below that
-search; never below the LP: ``tests/sim/test_offline_search.py``). :func:`best_search` keeps the
+(prefetching is outside ``greedy.exhaustive_optimum``'s schedules, so this may go below that
+search; never below the LP: ``tests/sim/schedules/test_search.py``). :func:`best_search` keeps the
 least over a few (credit, horizon, extra) variants; with ``horizon=0`` it is the greedy schedule.
 """
 
@@ -35,9 +35,9 @@ import numpy as np
 
 from oled_hf.offload.costmodel import CostModel
 
-from .belady import INF
-from .offline import CREDITS, Access, _next_uses, charge_access
-from .timeline import Timeline
+from ..belady import INF
+from ..timeline import Timeline
+from .greedy import CREDITS, Access, _next_uses, charge_access
 
 Item = tuple[int, int]
 
