@@ -62,7 +62,7 @@ def like_figures(infos: list, traces: dict, like_params: dict) -> str:
 
 def miscalibration_section(main, trace, cm, planner, tuned, prof) -> str:
     """(h): every dispatcher believes a wrong CPU speed / PCIe bandwidth (timed at the truth), then the same
-    beliefs calibrated online (``dispatch.calibrate=1``): believed vs calibrated vs true (issue 36.3)."""
+    beliefs calibrated online (``dispatch.calibrate=1``): believed vs calibrated vs true."""
     from ..sim import report as rp
     from ..sim import report_calibration as rc
 

@@ -46,7 +46,7 @@ def register_synth(sub: argparse._SubParsersAction) -> None:
 
 
 PLAIN = {"layers": 19, "experts": 256, "top_k": 8, "block_length": 32}  # the plain generator's defaults (mini's)
-LIKE_SEQUENCES = 25  # --like's default: 24 timed sequences after the report's one warm-up (issue 38)
+LIKE_SEQUENCES = 25  # --like's default: 24 timed sequences after the report's one warm-up
 SHAPE = {"sequences": 4, "blocks": 4, "batch_size": 1}  # unpacked in this order
 LIMITS = {"layers": "num_layers", "experts": "num_experts", "block_length": "block_length"}
 

@@ -410,7 +410,7 @@ def family(info: TraceInfo) -> str:
     return info.label.split("-b")[0]
 
 
-# issue 36's targets: TPOT ratios other / oled at 15, 25 and 40%, and oled / the valid bound at 40%
+# the project's targets: TPOT ratios other / oled at 15, 25 and 40%, and oled / the valid bound at 40%
 COMPOSED = ("lru-full", "lfu-full")  # our other compositions of the same parts; every other system is published
 TARGET_COMPOSED, TARGET_PUBLISHED, TARGET_BOUND = 1.10, 1.25, 1.25
 
@@ -426,7 +426,7 @@ def _margin(mine: Run, runs: list[Run], pct: float, names: Iterable[str], target
 
 
 def targets(runs: list[Run]) -> list[str]:
-    """Issue 36's targets on one trace: oled's TPOT at least 1.10x lower than every other composition of the
+    """The project's targets on one trace: oled's TPOT at least 1.10x lower than every other composition of the
     project's parts and 1.25x lower than the best published system at each headline size, and at most 1.25x the
     valid bound at 40% (where a bound was computed)."""
     lines = []

@@ -1,6 +1,6 @@
 """Believed vs calibrated vs true: the TPOT of a wrong starting belief, with and without online calibration.
 
-Issue 36.3. A dispatcher decides copy vs CPU from a cost model, its belief; ``dispatch.calibrate=1``
+A dispatcher decides copy vs CPU from a cost model, its belief; ``dispatch.calibrate=1``
 (``oled_hf/offload/online_calibration.py``) corrects a wrong belief online from measured copy and CPU
 times (replay feeds it the true times with lognormal noise, seeded: ``replay.replay``'s
 ``measure_sigma`` / ``measure_seed``). Calibration is a dispatch part, so every dispatch with the CPU
@@ -20,7 +20,7 @@ from typing import Any
 
 from oled_hf.offload.system import System
 
-CAL_LIMIT = 1.05  # calibrated TPOT within 5% of the true belief's (issue 36.3)
+CAL_LIMIT = 1.05  # calibrated TPOT within 5% of the true belief's
 
 
 def calibrated(system: System) -> System:

@@ -1,4 +1,4 @@
-"""Seeds of one synthetic workload, and the workloads "like" a published model, in the report (issue 38).
+"""Seeds of one synthetic workload, and the workloads "like" a published model, in the report.
 
 A synthetic workload's figures are one draw of its generator: one seed can favour one system by
 luck. Traces labelled ``NAME-s<seed>`` (``mini-like-s1`` ... ``mini-like-s5``: ``trace synth --seed``)

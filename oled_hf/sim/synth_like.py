@@ -63,7 +63,7 @@ LIKE = {
             ("69.5 distinct experts per block step", "dMoE, arXiv 2605.30876 (shared/docs/peers.md)"),
             ("activation cosine 0.985 between adjacent steps", "TIDE, arXiv 2605.20179 (shared/docs/peers.md)"),
             ("3.5 tokens per forward", "assumed: the middle of 'about 2-5 tokens per forward' for LLaDA2.x on real "
-                                       "text (issue 26); not published per block for mini"),
+                                       "text; not published per block for mini"),
             ("same distinct experts in every layer", "assumed: the paper's per-layer activation ratios (OLED "
                                                     "Figure 10c) are not published as numbers here"),
         )),
@@ -81,7 +81,7 @@ LIKE = {
             ("activation cosine 0.985 between adjacent steps", "assumed: mini's figure (TIDE, arXiv 2605.20179); "
                                                                "TIDE targets flash too, its figure is not in "
                                                                "shared/docs"),
-            ("3.5 tokens per forward", "assumed: as for mini (issue 26: about 2-5 tokens per forward)"),
+            ("3.5 tokens per forward", "assumed: as for mini (about 2-5 tokens per forward)"),
             ("same distinct experts in every layer", "assumed: no per-layer figures published"),
         )),
 }
@@ -154,7 +154,7 @@ def like(name: str, distinct: float | None = None, cosine: float | None = None) 
 
 
 # ------------------------------------------------------------------------------------------------ stated figures
-TOLERANCE = 0.05  # every stated figure is met within +-5% on every seed (issue 38)
+TOLERANCE = 0.05  # every stated figure is met within +-5% on every seed
 FIGURES = (  # (name printed, params.targets key, synth_fit.describe key)
     ("tokens per forward", "tokens_per_forward", "tokens per forward"),
     ("distinct experts per block step", "distinct_per_step", "distinct experts per iteration"),
