@@ -82,7 +82,8 @@ def test_loglikelihood_rolling_sums_windows(lm):
 
 
 def test_offloaded_adapter_matches_resident(lm, tiny_path):
-    off = make_lm(str(tiny_path), {"mc_num": 8, "block_length": 8, "cache_size": 2, "policy": "lru"}, batch_size=2)
+    off = make_lm(str(tiny_path), {"mc_num": 8, "block_length": 8, "cache_size": 2, "system": "lru+cpu+adaptive"},
+                  batch_size=2)
     assert off.offload_stats() is not None and off.get_model_info()["offload_config"]["cache_size"] == 2
     assert _generate(off, CONTEXTS, until=[], max_gen_toks=12) == _generate(lm, CONTEXTS, until=[], max_gen_toks=12)
     reqs = [Instance("loglikelihood", {}, ("What is 1+2?", c), i) for i, c in enumerate(["3", "4"])]
@@ -95,8 +96,9 @@ def test_bad_model_args_are_named(tiny_path):
     with pytest.raises(ValueError, match="unknown model argument.*bogus"):
         OledLLaDA2LM(pretrained=str(tiny_path), bogus=1)
     with pytest.raises(ValueError, match="need a budget"):
-        OledLLaDA2LM(pretrained=str(tiny_path), policy="lru")
-    sized = OledLLaDA2LM(pretrained=str(tiny_path), max_gpu_memory="1MiB", policy="lru")  # lm-eval passes it as text
+        OledLLaDA2LM(pretrained=str(tiny_path), system="lru+cpu+adaptive")
+    # lm-eval passes the size as text
+    sized = OledLLaDA2LM(pretrained=str(tiny_path), max_gpu_memory="1MiB", system="lru+cpu+adaptive")
     assert sized.get_model_info()["offload_config"]["max_gpu_memory"] == "1MiB"
     with pytest.raises(ValueError, match="mc_attention"):
         OledLLaDA2LM(pretrained=str(tiny_path), mc_attention="diagonal")

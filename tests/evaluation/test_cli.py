@@ -39,7 +39,7 @@ def test_eval_cli_prints_table_from_any_cwd(tiny_path, tmp_path, monkeypatch, ca
 
 def test_eval_cli_offloaded_mc_task_reports_cache(tiny_path, capsys):
     code = _run(["--model", str(tiny_path), "--tasks", "toy_addition_mc", "--limit", "3",
-                 "--model-args", "cache_size=2,policy=lru,mc_num=4"])
+                 "--model-args", "cache_size=2,system=lru+cpu+adaptive,mc_num=4"])
     printed = capsys.readouterr().out
     assert code == 0
     assert "toy_addition_mc" in printed and "acc" in printed

@@ -40,8 +40,9 @@ def test_accelerate_disk_offload_logits_match_resident(tiny_path, tmp_path, tiny
 
 
 def test_offload_config_as_a_dict(tiny_path, resident_tokens):
-    model = AutoModelForCausalLM.from_pretrained(tiny_path, offload_config={"cache_size": 4, "policy": "lru"})
-    assert model.is_offloaded and model._offload_runtime.config == oled_hf.OffloadConfig(cache_size=4, policy="lru")
+    fields = {"cache_size": 4, "system": "lru+cpu+adaptive"}
+    model = AutoModelForCausalLM.from_pretrained(tiny_path, offload_config=fields)
+    assert model.is_offloaded and model._offload_runtime.config == oled_hf.OffloadConfig(**fields)
     assert torch.equal(model.generate(PROMPT, **GEN), resident_tokens)
 
 

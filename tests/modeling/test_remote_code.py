@@ -96,7 +96,8 @@ def test_checkpoint_code_offloads(tiny_path):
     assert remote.__module__.startswith("transformers_modules.") and remote is not oled_hf.OledLLaDA2ForDiffusionLM
     ids = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12]])
     resident = remote.from_pretrained(tiny_path).eval()
-    offloaded = remote.from_pretrained(tiny_path, offload_config=oled_hf.OffloadConfig(cache_size=4, policy="lru"))
+    config = oled_hf.OffloadConfig(cache_size=4, system="lru+cpu+adaptive")
+    offloaded = remote.from_pretrained(tiny_path, offload_config=config)
     assert type(offloaded) is remote and offloaded.is_offloaded
     want = resident.generate(ids, max_new_tokens=16, block_length=8)
     assert torch.equal(offloaded.eval().generate(ids, max_new_tokens=16, block_length=8), want)

@@ -6,6 +6,7 @@ import math
 import pytest
 
 from oled_hf.offload.config import OffloadConfig
+from tests.systems import legacy_config
 
 
 def test_needs_exactly_one_budget():
@@ -88,10 +89,12 @@ def test_knob_messages(field, value, pattern):
 
 
 def test_json_round_trip():
-    cfg = OffloadConfig(cache_ratio=0.4, policy="tide", tide_interval=5, cpu_compute="off",
+    cfg = legacy_config(cache_ratio=0.4, policy="tide", tide_interval=5, cpu_compute="off",
                         h2d_bandwidth_gbps=25.0, record_trace="/tmp/t.pt", layer_adaptive=False)
-    assert OffloadConfig.from_json(cfg.to_json()) == cfg
-    assert OffloadConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.warns(FutureWarning, match="is deprecated"):  # the aliases round-trip too, warning again
+        assert OffloadConfig.from_json(cfg.to_json()) == cfg
+    with pytest.warns(FutureWarning, match="is deprecated"):
+        assert OffloadConfig.from_dict(cfg.to_dict()) == cfg
     assert OffloadConfig.from_json(OffloadConfig(cache_size=100).to_json()).cache_size == 100
     for cfg in (OffloadConfig(cache_ratio="auto", auto_batch_size=4, auto_context_length=2048,
                               gpu_memory_utilization=0.8), OffloadConfig(max_gpu_memory="20GiB"),
@@ -104,7 +107,7 @@ def test_system_names_a_live_system_and_round_trips():
     assert OffloadConfig.from_json(cfg.to_json()) == cfg and cfg.to_dict()["system"] == "lru+cpu+reuse+adaptive"
     for text in ("lru-full", "mixtral-offloading", "score+cpu", " lfu+copy+uniform "):
         assert OffloadConfig(cache_size=8, system=text).system == text
-    assert not OffloadConfig(cache_size=8, system="lru", layer_adaptive=False).layer_adaptive  # agrees: uniform
+    assert not legacy_config(cache_size=8, system="lru", layer_adaptive=False).layer_adaptive  # agrees: uniform
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -7,6 +7,7 @@ from oled_hf.modeling import OledLLaDA2ForDiffusionLM
 
 from oled_hf import OffloadConfig
 from oled_hf.offload import executor as executor_module
+from tests.systems import system_for
 
 PROMPT = torch.tensor([[5, 17, 42, 99, 3, 250, 7, 64, 11, 300, 2, 8, 77, 120, 33, 6, 401, 19]])
 GEN = dict(max_new_tokens=24, block_length=8, threshold=0.9)
@@ -62,7 +63,7 @@ def test_deferred_plans_equal_immediate_plans(tiny_path, reference, policy):
     """Layers 0 and 2 full, layer 1 not: deferred and planned accesses interleave in one forward."""
     runs = {}
     for defer in (True, False):
-        model = _model(tiny_path, (0, 2), cache_size=32, policy=policy)
+        model = _model(tiny_path, (0, 2), cache_size=32, system=system_for(policy))
         rt = model._offload_runtime
         rt.defer_routing = defer
         log = _log_controller(model)
@@ -88,7 +89,7 @@ def test_full_cache_logits_bit_identical_and_no_routing_sync(tiny_path, tiny_mod
 
 
 def test_partial_cache_syncs_once_per_layer(tiny_path, reference):
-    model = _model(tiny_path, cache_size=13, layer_adaptive=False)  # ~40%: no layer can hold every expert
+    model = _model(tiny_path, cache_size=13, system="oled-uniform")  # ~40%: no layer can hold every expert
     assert torch.equal(model.generate(PROMPT, **GEN), reference)
     rt = model._offload_runtime
     assert rt.routing_transfers.tolist() == [model.offload_stats()["total"]["forwards"]] * 3

@@ -11,6 +11,7 @@ import torch
 from oled_hf.modeling import OledLLaDA2ForDiffusionLM
 
 from oled_hf import OffloadConfig
+from tests.systems import system_for
 
 POLICIES = ["oled", "lru", "lfu", "static", "tide"]
 PROMPT = torch.tensor([[5, 17, 42, 99, 3, 250, 7, 64, 11, 300, 2, 8, 77, 120, 33, 6, 401, 19]])
@@ -54,7 +55,7 @@ def reference(tiny_model):
 def test_failed_copy_or_cpu_expert_keeps_cache_consistent(tiny_path, reference, policy):
     for cache_size, cpu, target, n in CASES:
         model = OledLLaDA2ForDiffusionLM.from_pretrained(
-            tiny_path, offload_config=OffloadConfig(cache_size=cache_size, policy=policy, cpu_compute=cpu,
+            tiny_path, offload_config=OffloadConfig(cache_size=cache_size, system=system_for(policy), cpu_compute=cpu,
                                                   calibrate=False)).eval()  # timing-free dispatch
         rt = model._offload_runtime
         if target == "copy":

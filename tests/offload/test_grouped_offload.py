@@ -9,6 +9,7 @@ from oled_hf.modeling.experts import LOOP_EXECUTOR
 from oled_hf import OffloadConfig
 from oled_hf.offload.executor import pack_routing, plan_waves, unpack_routing
 from oled_hf.offload.layer_plan import LayerPlan
+from tests.systems import system_for
 
 POLICIES = ["oled", "lru", "lfu", "static", "tide"]
 # Copies so slow and the CPU so fast that the dispatcher sends misses to the CPU.
@@ -38,7 +39,7 @@ def _logits(path, ids, **kwargs):
 def test_logits_bit_identical_for_every_policy_and_cache_size(tiny_path, ids, resident_logits, policy):
     for cache_size in (1, 8, 32):  # 1 slot: the request streams through the slot, several waves
         for extra in ({"cpu_compute": "off"}, CPU_HEAVY):
-            logits, total = _logits(tiny_path, ids, cache_size=cache_size, policy=policy, **extra)
+            logits, total = _logits(tiny_path, ids, cache_size=cache_size, system=system_for(policy), **extra)
             assert torch.equal(logits, resident_logits), (policy, cache_size, extra)
             if extra is CPU_HEAVY and cache_size < 32:
                 assert total["cpu_expert_tokens"] > 0

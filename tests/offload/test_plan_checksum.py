@@ -18,6 +18,7 @@ from oled_hf.offload.controller import CacheController
 from oled_hf.offload.costmodel import CostModel
 from oled_hf.offload.trace import OP_BLOCK_END, OP_FORWARD
 from oled_hf.sim.synthetic import synthetic_trace
+from tests.systems import system_for
 
 TRACES = {
     # 64 experts, top-8, 32-token blocks (the ``small`` preset's routing shape), uneven layers
@@ -48,8 +49,8 @@ def plan_digest(trace, policy, cache_size, cpu_compute, layer_adaptive=True, ole
     alone (its slow popularity term came later), hence ``oled_frequency_weight=0`` by default, and
     without OLED's reuse copies (planner rule 4, later too), hence ``oled_background_copies=0``.
     """
-    config = OffloadConfig(cache_size=cache_size, policy=policy, cpu_compute=cpu_compute,
-                           layer_adaptive=layer_adaptive, oled_frequency_weight=oled_frequency_weight,
+    config = OffloadConfig(cache_size=cache_size, system=system_for(policy, layer_adaptive), cpu_compute=cpu_compute,
+                           oled_frequency_weight=oled_frequency_weight,
                            oled_background_copies=oled_background_copies)
     ctrl = CacheController(config, trace.num_layers, trace.num_experts, CostModel.h200_pcie5(512, 128))
     h = hashlib.sha256()

@@ -7,6 +7,7 @@ from transformers import AutoModelForCausalLM, pipeline
 
 import oled_hf  # noqa: F401
 from oled_hf import OffloadConfig
+from tests.systems import system_for
 
 POLICIES = ["oled", "lru", "lfu", "static", "tide"]
 # tiny: 32 experts per layer -> 1 slot, ~25%, ~40%, 100%
@@ -32,7 +33,7 @@ def _offloaded(path, **kwargs):
 def test_every_policy_and_cache_size_is_lossless(tiny_path, prompt, reference, policy):
     for cache_size in CACHE_SIZES:
         for cpu in ("on", "off"):
-            model = _offloaded(tiny_path, cache_size=cache_size, policy=policy, cpu_compute=cpu)
+            model = _offloaded(tiny_path, cache_size=cache_size, system=system_for(policy), cpu_compute=cpu)
             out = model.generate(**prompt, max_new_tokens=24, block_length=8, threshold=0.9)
             assert torch.equal(out, reference), (policy, cache_size, cpu)
             total = model.offload_stats()["total"]
@@ -67,7 +68,7 @@ def test_budget_and_single_copy(tiny_path):
 
 
 def test_stats_and_reset(tiny_path):
-    model = _offloaded(tiny_path, cache_size=8, policy="lru")
+    model = _offloaded(tiny_path, cache_size=8, system="lru+cpu+adaptive")
     model.generate(torch.tensor([[1, 2, 3, 4, 5]]), max_new_tokens=16, block_length=8)
     stats = model.offload_stats()
     assert len(stats["layers"]) == model.config.num_moe_layers
@@ -149,7 +150,7 @@ def test_editing_is_lossless_for_every_policy(tiny_path, tiny_model, prompt, pol
     want = tiny_model.generate(**prompt, **kw)
     assert int(want.edits[0]) > 0
     for cache_size in (1, 13):
-        model = _offloaded(tiny_path, cache_size=cache_size, policy=policy, cpu_compute="on")
+        model = _offloaded(tiny_path, cache_size=cache_size, system=system_for(policy), cpu_compute="on")
         out = model.generate(**prompt, **kw)
         assert torch.equal(out.sequences, want.sequences), (policy, cache_size)
         assert torch.equal(out.edits_per_block, want.edits_per_block)
@@ -191,7 +192,7 @@ def test_record_trace_refuses_a_folder_at_load_not_after_generating(tiny_path, t
 
 
 def test_record_trace_keeps_an_existing_file_unless_told(tiny_path, tmp_path):
-    from oled_hf.sim import load_trace
+    from oled_hf.offload.trace import load_trace
 
     target = tmp_path / "mine.trace"
     target.write_text("the user's file")
@@ -206,7 +207,7 @@ def test_record_trace_keeps_an_existing_file_unless_told(tiny_path, tmp_path):
 
 
 def test_record_trace_is_one_trace_per_load_with_every_generate(tiny_path, tmp_path):
-    from oled_hf.sim import load_trace
+    from oled_hf.offload.trace import load_trace
 
     target = tmp_path / "t.trace"
     config = OffloadConfig(cache_size=4, record_trace=str(target))

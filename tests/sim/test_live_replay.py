@@ -8,12 +8,13 @@ from oled_hf import OffloadConfig
 from oled_hf.offload.system import parse_system
 from oled_hf.offload.trace import load_trace
 from oled_hf.sim import belady_min, replay
+from tests.systems import system_for
 
 
 @pytest.mark.parametrize("policy, cpu", [("oled", "on"), ("lru", "off"), ("tide", "on"), ("static", "off")])
 def test_replay_equals_live_counts(tiny_path, tiny_tokenizer, tmp_path, policy, cpu):
     path = tmp_path / f"{policy}.trace"
-    config = OffloadConfig(cache_size=6, policy=policy, cpu_compute=cpu, record_trace=str(path))
+    config = OffloadConfig(cache_size=6, system=system_for(policy), cpu_compute=cpu, record_trace=str(path))
     model = OledLLaDA2ForDiffusionLM.from_pretrained(tiny_path, offload_config=config).eval()
     for text in ("hello there", "tell me about the sea and the ships"):
         ids = tiny_tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
@@ -96,7 +97,7 @@ def test_replay_cli_times_as_mini(tiny_path, tmp_path, capsys):
 
 def test_editing_trace_records_edits_and_replays_to_live_counts(tiny_path, tiny_tokenizer, tmp_path):
     path = tmp_path / "edit.trace"
-    config = OffloadConfig(cache_size=6, policy="oled", cpu_compute="on", record_trace=str(path))
+    config = OffloadConfig(cache_size=6, system="oled", cpu_compute="on", record_trace=str(path))
     model = OledLLaDA2ForDiffusionLM.from_pretrained(tiny_path, offload_config=config).eval()
     ids = tiny_tokenizer.apply_chat_template([{"role": "user", "content": "tell me about the sea"}],
                                              add_generation_prompt=True, return_tensors="pt", return_dict=True)

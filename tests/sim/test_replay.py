@@ -10,6 +10,7 @@ from oled_hf.offload.costmodel import CostModel
 from oled_hf.offload.trace import OP_FORWARD, TraceWriter, load_trace
 from oled_hf.sim.replay import compare, format_table, replay
 from oled_hf.sim.synthetic import synthetic_trace
+from tests.systems import system_for
 
 CM = CostModel.h200_pcie5(2048, 512)
 
@@ -71,7 +72,7 @@ def test_writer_layer_by_layer_matches_add_forward():
 @pytest.mark.parametrize("policy", ["oled", "tide", "static"])
 def test_replay_equals_live_controller_sequence(trace, policy):
     """What the live runtime does (controller calls in forward/event order) is what replay counts."""
-    cfg = OffloadConfig(cache_size=6, policy=policy)
+    cfg = OffloadConfig(cache_size=6, system=system_for(policy))
     ctrl = CacheController(cfg, trace.num_layers, trace.num_experts, CM)
     for op, idx in trace.ops():
         if op == OP_FORWARD:
@@ -114,7 +115,7 @@ def test_throughput_sanity():
 
 def test_replay_budget_overrides_a_max_gpu_memory_config(trace):
     """A recorded config budgeted in bytes replays at an explicit cache_size (was: 'got both')."""
-    recorded = OffloadConfig(max_gpu_memory="1GiB", policy="lru", cpu_compute="off")
+    recorded = OffloadConfig(max_gpu_memory="1GiB", system="lru+cpu+adaptive", cpu_compute="off")
     r = replay(trace, "lru", 4, cpu_compute="off", offload_config=recorded, cost_model=CM, planner_s=0.0)
     plain = replay(trace, "lru", 4, cpu_compute="off", cost_model=CM, planner_s=0.0)
     assert r.cache_size == 4 and r.to_dict() == plain.to_dict()

@@ -20,6 +20,7 @@ from oled_hf.offload.system import (
 from oled_hf.offload.trace import OP_BLOCK_END, OP_FORWARD
 from oled_hf.sim.replay import replay
 from oled_hf.sim.synthetic import synthetic_trace
+from tests.systems import legacy_config
 
 CM = CostModel.h200_pcie5(512, 128)
 TRACE = synthetic_trace(num_layers=3, num_experts=64, top_k=8, block_length=16, num_blocks=3, num_sequences=2,
@@ -70,7 +71,7 @@ def test_grammar_and_presets():
     ("oled", "off", False)])
 def test_same_parts_give_the_same_plan_whatever_the_name(policy, cpu, adaptive):
     """The legacy config path (what live runs build), the parts string and a preset plan identically."""
-    config = OffloadConfig(cache_size=12, policy=policy, cpu_compute=cpu, layer_adaptive=adaptive)
+    config = legacy_config(cache_size=12, policy=policy, cpu_compute=cpu, layer_adaptive=adaptive)
     legacy = _digest(CacheController(config, 3, 64, CM))
     system = system_of_legacy(policy, cpu, adaptive)
     assert _digest(build_controller(config, system, 3, 64, CM)) == legacy
@@ -109,11 +110,11 @@ def test_a_believed_cost_model_changes_decisions_not_the_clock():
 @pytest.mark.parametrize("policy, cpu, adaptive", [("oled", "on", True), ("lru", "off", False), ("tide", "auto", True)])
 def test_resolved_system_is_what_the_controller_builds(policy, cpu, adaptive):
     """The controller builds from ``config.resolved_system()``: a legacy config and its system string plan alike."""
-    legacy_config = OffloadConfig(cache_size=12, policy=policy, cpu_compute=cpu, layer_adaptive=adaptive)
-    legacy = CacheController(legacy_config, 3, 64, CM)
+    legacy = CacheController(legacy_config(cache_size=12, policy=policy, cpu_compute=cpu, layer_adaptive=adaptive),
+                             3, 64, CM)
     parts = system_of_legacy(policy, cpu, adaptive).parts
     assert legacy.system.parts == parts
-    named = CacheController(OffloadConfig(cache_size=12, cpu_compute=cpu, system=parts, layer_adaptive=adaptive),
+    named = CacheController(legacy_config(cache_size=12, cpu_compute=cpu, system=parts, layer_adaptive=adaptive),
                             3, 64, CM)
     assert named.system.parts == parts and (named.allocator is not None) == adaptive
     assert _digest(named) == _digest(legacy)
@@ -144,7 +145,6 @@ def test_config_reuse_knobs_are_the_dispatch_parts_knobs():
     assert OffloadConfig(cache_size=12, system="lru+cpu", oled_background_copies=4).resolved_system().knobs == {}
 
 
-@pytest.mark.filterwarnings("ignore:OffloadConfig.*deprecated:FutureWarning")
 @pytest.mark.parametrize("policy", KNOWN_POLICIES)
 @pytest.mark.parametrize("cpu", ["auto", "on", "off"])
 @pytest.mark.parametrize("adaptive", [True, False])
@@ -156,16 +156,15 @@ def test_every_alias_has_a_system_spelling_that_resolves_alike(policy, cpu, adap
         alias = resolve_system(None, policy=policy, layer_adaptive=adaptive, **knobs)
         named = spelling(resolve_system(None, policy=policy, layer_adaptive=adaptive))
         assert resolve_system(named, **knobs) == alias, (named, knobs)
-    config = OffloadConfig(cache_size=12, policy=policy, cpu_compute=cpu, layer_adaptive=adaptive)
+    config = legacy_config(cache_size=12, policy=policy, cpu_compute=cpu, layer_adaptive=adaptive)
     assert config.resolved_system() == resolve_system(None, policy=policy, cpu_compute=cpu, layer_adaptive=adaptive)
     assert system_of_legacy(policy, cpu, adaptive) == config.resolved_system()
 
 
-@pytest.mark.filterwarnings("ignore:OffloadConfig.*deprecated:FutureWarning")
 @pytest.mark.parametrize("policy, cpu, adaptive", [("lru", "auto", True), ("oled", "on", False),
                                                    ("tide", "off", False)])
 def test_an_alias_and_its_spelling_plan_alike(policy, cpu, adaptive):
-    legacy = OffloadConfig(cache_size=12, policy=policy, cpu_compute=cpu, layer_adaptive=adaptive)
+    legacy = legacy_config(cache_size=12, policy=policy, cpu_compute=cpu, layer_adaptive=adaptive)
     named = spelling(resolve_system(None, policy=policy, layer_adaptive=adaptive))
     assert _digest(CacheController(legacy, 3, 64, CM)) == _digest(
         CacheController(OffloadConfig(cache_size=12, system=named, cpu_compute=cpu), 3, 64, CM))

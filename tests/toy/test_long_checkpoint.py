@@ -11,6 +11,7 @@ from oled_hf.toy.long import LONG_CHECKPOINT, REPORT_NAME, load_mix
 from oled_hf.toy.long.data import LongEncoding
 from oled_hf.toy.long.evaluate import decode, left_pad
 from oled_hf.toy.long.tasks import heldout_problems
+from tests.systems import system_for
 
 pytestmark = pytest.mark.skipif(not (LONG_CHECKPOINT / "config.json").is_file(), reason="long checkpoint not built")
 
@@ -73,7 +74,7 @@ def test_offloaded_answers_equal_resident(model, tokenizer, policy, ratio):
     kwargs = dict(attention_mask=mask, max_new_tokens=48)
     resident = model.generate(ids, **kwargs)
     offloaded_model = AutoModelForCausalLM.from_pretrained(
-        LONG_CHECKPOINT, offload_config=oled_hf.OffloadConfig(cache_ratio=ratio, policy=policy)).eval()
+        LONG_CHECKPOINT, offload_config=oled_hf.OffloadConfig(cache_ratio=ratio, system=system_for(policy))).eval()
     offloaded = offloaded_model.generate(ids, **kwargs)
     assert torch.equal(resident, offloaded)
     stats = offloaded_model.offload_stats()["total"]
