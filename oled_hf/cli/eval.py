@@ -1,6 +1,6 @@
 """``oled-moe eval``: lm-eval tasks on a LLaDA2 checkpoint (optionally offloaded), offline.
 
-    oled-moe eval --model M --tasks toy_addition,toy_addition_mc [--model-args cache_size=20,policy=oled]
+    oled-moe eval --model M --tasks toy_addition,toy_addition_mc [--model-args cache_size=20,system=oled]
                   [--limit N] [--batch-size B] [--output-path P] [--device auto|cpu|cuda[:N]]
                   [--cache-size N | --cache-ratio R|auto | --max-gpu-memory SIZE | --gpu-memory-utilization F]
 
@@ -42,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     # Each option also takes lm-eval's own spelling (--model_args, --batch_size, ...), so a
     # command line written for lm-eval works here unchanged.
     p.add_argument("--model-args", "--model_args", default="", help="k=v,... for the oled_llada2 model: "
-                   "pretrained (the checkpoint, instead of --model), offloading (cache_size | cache_ratio, policy, "
+                   "pretrained (the checkpoint, instead of --model), offloading (cache_size | cache_ratio, system, "
                    "cpu_compute, ...), decoding (block_length, threshold, steps), likelihood (mc_num, mc_seed, "
                    "mc_attention, mc_batch_size), dtype, device, max_length")
     p.add_argument("--limit", type=float, default=None, help="examples per task, a fraction if < 1 (default: all)")

@@ -23,8 +23,8 @@ Model arguments (``--model-args k=v,...``), besides HFLM's (``pretrained``, ``ba
   ``cache_ratio=R`` or ``cache_ratio=auto``, ``max_gpu_memory=20GiB``, or ``gpu_memory_utilization=F``
   (vLLM's meaning; implies ``auto``, which reserves KV for ``batch_size`` x ``max_length`` unless
   ``auto_batch_size`` / ``auto_context_length`` are given), read by :func:`resolve_offload`; any
-  other ``OffloadConfig`` field (``policy``, ``cpu_compute``, ``store``, ``calibrate``,
-  ``layer_adaptive``, ``tide_interval``, ...) may follow. ``offload_stats()`` returns the cache
+  other ``OffloadConfig`` field (``system``, ``cpu_compute``, ``store``, ``calibrate``,
+  ``tide_interval``, ...) may follow. ``offload_stats()`` returns the cache
   statistics; ``oled-moe eval`` prints them and stores them in the results under ``config.offload``.
 """
 
@@ -162,7 +162,7 @@ class OledLLaDA2LM(HFLM):
                 f"unknown model argument(s) for {MODEL_NAME}: {', '.join(sorted(rest))}; known: pretrained, tokenizer, "
                 "device, dtype, batch_size, max_length, block_length, threshold, steps, decoding, editing_threshold, "
                 "max_post_steps, mc_num, mc_seed, "
-                "mc_attention, mc_batch_size and the OffloadConfig fields (cache_size, cache_ratio, policy, ...)"
+                "mc_attention, mc_batch_size and the OffloadConfig fields (cache_size, cache_ratio, system, ...)"
             )
         if isinstance(batch_size, str) and not batch_size.isdigit():
             raise ValueError(f"batch_size={batch_size!r} is not supported by {MODEL_NAME}: give an integer")
