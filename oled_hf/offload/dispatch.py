@@ -26,12 +26,6 @@ Three dispatch modes (``DISPATCH_MODES``; a system names one, :mod:`oled_hf.offl
   ``reuse_copies`` CPU-computed misses whose predicted reuse is at least ``reuse_min`` are also
   copied off the critical path for the next access (the planner's rule 4).
 
-Knob ``admit`` (``cpu`` and ``cpu+reuse``; off by default): value admission for the demand copies
-too, TinyLFU's rule (Einziger et al. 2017): a copy that needs a slot held by an idle resident
-takes it only if its retention priority exceeds that victim's (highest copy against lowest
-victim), else it runs on the CPU (``kernels._admit_by_value``). Rule 4 already asks the same of its
-reuse copies, so with ``admit`` retention and admission both read the one value, the priority.
-
 Knob ``shared_dram`` (off by default): the dispatcher charges a read-bound CPU expert at the rate
 host DRAM leaves it while the copy engine reads it too (``CostModel.cpu_shared_fixed_s``; equal to
 the plain rate where the believed DRAM bandwidth covers both), the sharing replay times.
@@ -87,7 +81,6 @@ class Dispatcher:
         *,
         reuse_copies: int = 0,
         reuse_min: float = 1.0,
-        admit: bool = False,
         shared_dram: bool = False,
     ) -> None:
         """``cpu_compute`` off: mode ``copy``; else ``cpu``, or ``cpu+reuse`` with ``reuse_copies`` > 0.
@@ -108,7 +101,6 @@ class Dispatcher:
         self.cpu_compute = cpu_compute
         self.reuse_copies = reuse_copies
         self.reuse_min = float(reuse_min)
-        self.admit = bool(admit)
         self.shared_dram = bool(shared_dram)
         self._costs: tuple[CostModel | None, np.ndarray] | None = None
         self.calibrator: OnlineCalibrator | None = None
@@ -141,14 +133,14 @@ class Dispatcher:
 
     @classmethod
     def for_mode(cls, mode: str, cost_model: CostModel | None, *, reuse_copies: int = 2,
-                 reuse_min: float = 1.0, admit: bool = False, shared_dram: bool = False) -> Dispatcher:
+                 reuse_min: float = 1.0, shared_dram: bool = False) -> Dispatcher:
         """The dispatcher of a system's dispatch part (``DISPATCH_MODES``)."""
         if mode not in DISPATCH_MODES:
             raise ValueError(f"dispatch={mode!r} is unknown; allowed: {', '.join(DISPATCH_MODES)}")
         if mode == "copy":
             return cls(cost_model, "off", reuse_copies=0)
         return cls(cost_model, "on", reuse_copies=reuse_copies if mode == "cpu+reuse" else 0, reuse_min=reuse_min,
-                   admit=admit, shared_dram=shared_dram)
+                   shared_dram=shared_dram)
 
     @property
     def mode(self) -> str:
@@ -162,18 +154,15 @@ class Dispatcher:
 
     def kernel_costs(self) -> np.ndarray:
         """The rule's constants for ``kernels.plan_access``: copy time, CPU overhead / fixed / per
-        token, GPU fixed / per token (zeros with CPU compute off), then 1.0 where value admission
-        (``admit``) is on. Cached per cost model (cost models are replaced, e.g. by ``with_overrides``,
-        never changed in place)."""
+        token, GPU fixed / per token (zeros with CPU compute off). Cached per cost model (cost models are
+        replaced, e.g. by ``with_overrides``, never changed in place)."""
         cm = self.cost_model
         if self._costs is None or self._costs[0] is not cm:
-            costs = np.zeros(7 if self.admit else 6)
+            costs = np.zeros(6)
             if cm is not None and self.cpu_enabled:
                 fixed = cm.cpu_shared_fixed_s if self.shared_dram else cm.cpu_expert_fixed_s
                 costs[:6] = (cm.copy_time(), cm.cpu_overhead_s, fixed, cm.cpu_s_per_token,
                              cm.gpu_expert_fixed_s, cm.gpu_s_per_token)
-                if self.admit:
-                    costs[6] = 1.0
             self._costs = (cm, costs)
         return self._costs[1]
 

@@ -454,27 +454,6 @@ def apply_copies(flags, new, evicted, slots, slot_expert):
 
 
 @jit
-def _admit_by_value(copies, victims, n_free, prio, counts, out, ncpu, cpu_tokens):
-    """TinyLFU's admission for demand copies (the dispatch knob ``admit``): ``copies`` ascending by
-    priority take the free slots lowest first; the rest pair highest copy with lowest victim and
-    are kept while the copy's priority exceeds its victim's. The copies refused (the lowest ones
-    beyond the free slots) join the CPU misses in ``out[5]``. Returns the kept count (the kept
-    copies are the top of ``copies``) and the updated CPU counts."""
-    nc = copies.shape[0]
-    need = nc - n_free
-    keep = 0  # beyond the idle victims a copy would stream through a slot of this access: refused too
-    while keep < min(need, victims.shape[0]) and prio[copies[nc - 1 - keep]] > prio[victims[keep]]:
-        keep += 1
-    drop = need - keep  # the lowest ``drop`` copies go to the CPU: the free slots then serve the next ones
-    for i in range(drop):
-        e = copies[i]
-        out[5, ncpu] = e
-        cpu_tokens += counts[e]
-        ncpu += 1
-    return nc - drop, ncpu, cpu_tokens
-
-
-@jit
 def plan_access(layer, counts, flags_all, tables, free_n, slot_expert, prio, adm, use_adm, reuse_mode, reuse_row,
                 flat, entry_cls, stab, capacity, total_tokens, cpu_enabled, bg_copies, bg_min_reuse, costs, out):
     """One access of ``CacheState.plan``, in place over the state arrays (the module rules of ``planner``).
@@ -556,11 +535,6 @@ def plan_access(layer, counts, flags_all, tables, free_n, slot_expert, prio, adm
     victims = np.empty(0, dtype=np.int64)
     if need > 0:
         victims = lowest_idle(flags[0], counts, prio, need)
-        if costs.shape[0] > 6 and costs[6] > 0.0:  # value admission: a copy displaces only a lower value
-            nc, ncpu, cpu_tokens = _admit_by_value(copies, victims, n_free, prio, counts, out, ncpu, cpu_tokens)
-            copies = copies[copies.shape[0] - nc:]
-            need = nc - n_free
-            victims = victims[:max(need, 0)]
     # ---- from here on the state changes
     for i in range(nh):
         flags[1, out[0, i]] = False

@@ -260,19 +260,16 @@ def build_dispatcher(system: System, cost_model: CostModel | None) -> Dispatcher
     The knobs are validated whatever the dispatch; a ``copy`` dispatch reads no cost, so it is not calibrated.
     """
     dk = system.part_knobs("dispatch")
-    known = ("reuse_copies", "reuse_min", "admit", "shared_dram", *CALIBRATION_KNOBS)
+    known = ("reuse_copies", "reuse_min", "shared_dram", *CALIBRATION_KNOBS)
     unknown = set(dk) - set(known)
     if unknown:
         raise ValueError(f"unknown dispatch knob(s): {', '.join(sorted(unknown))}; known: {', '.join(known)}")
-    flags = {}
-    for name in ("admit", "shared_dram"):
-        v = dk.get(name, False)
-        if not isinstance(v, (bool, int)) or v not in (0, 1):
-            raise ValueError(f"dispatch knob {name}={v!r} is invalid: must be true or false")
-        flags[name] = bool(v)
+    shared = dk.get("shared_dram", False)
+    if not isinstance(shared, (bool, int)) or shared not in (0, 1):
+        raise ValueError(f"dispatch knob shared_dram={shared!r} is invalid: must be true or false")
     calibration = settings_from_knobs(dk)
     d = Dispatcher.for_mode(system.dispatch, cost_model, reuse_copies=int(dk.get("reuse_copies", 2)),
-                            reuse_min=float(dk.get("reuse_min", 1.0)), **flags)
+                            reuse_min=float(dk.get("reuse_min", 1.0)), shared_dram=bool(shared))
     if calibration is not None and d.cpu_enabled:
         d.enable_calibration(calibration)
     return d

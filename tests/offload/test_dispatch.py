@@ -60,14 +60,6 @@ def test_reuse_decides_copy_vs_cpu():
     assert not d.decide(one, np.array([20.0]), None, 0, np.array([]))[0]  # no room: it would not stay
 
 
-def test_value_admission_does_not_change_the_split():
-    """``admit`` acts in the planner (a copy displaces only a lower value); ``decide`` splits as without it
-    (it once passed the admission flag to the split as a 13th argument and raised TypeError)."""
-    tokens, reuse = np.array([1, 30, 4]), np.array([0.0, 3.0, 1.0])
-    plain = Dispatcher.for_mode("cpu", CM).decide(tokens, reuse, None, 4, np.array([5, 5]))
-    assert (Dispatcher.for_mode("cpu", CM, admit=True).decide(tokens, reuse, None, 4, np.array([5, 5])) == plain).all()
-
-
 def test_balances_and_prefers_high_reuse():
     d = Dispatcher(CM, "auto")
     rng = np.random.default_rng(0)

@@ -172,29 +172,3 @@ def test_reuse_copies_cache_cpu_misses_off_the_critical_path():
     plan = state.plan(0, rows, None, policy, cpu_all)
     assert plan.cpu == [7] and plan.background == []
     state.check_invariants()
-
-
-def test_value_admission_refuses_demand_copies_that_would_displace_a_higher_value():
-    """Dispatch knob ``admit`` (TinyLFU's rule for demand copies): with the layer full, a miss whose
-    priority is below the idle victim's runs on the CPU instead of evicting it; without the knob
-    (every existing preset) the same miss is copied over the victim."""
-    from oled_hf.offload.system import build_dispatcher, parse_system
-
-    fast_copy = CM.with_overrides(h2d_gbps=1e4, host_dram_gbps=0)  # copies cheap: the split copies every miss
-    plans = {}
-    for admit in (False, True):
-        system = parse_system("lfu+cpu+uniform").with_knobs(dispatch__admit=admit)
-        d = build_dispatcher(system, fast_copy)
-        assert d.admit is admit
-        policy, state = make_policy("lfu", 1, 8), CacheState(1, 8, [2])
-        for clock, rows in enumerate([ids(0, 1), ids(0, 1), ids(0, 1)], start=1):  # 0, 1 resident, used 3x
-            policy.observe_access(0, rows, None, clock)
-            state.plan(0, rows, None, policy, d)
-        rows = ids(0, 5, 5, 5, 5, 5, 5, 5, 5)  # 5: new, many tokens; 1 is the idle victim (3 uses > 1)
-        policy.observe_access(0, rows, None, 4)
-        plans[admit] = state.plan(0, rows, None, policy, d)
-        state.check_invariants()
-    assert [c[:1] + c[2:] for c in plans[False].copies] == [(5, 1)] and plans[False].cpu == []
-    assert plans[True].copies == [] and plans[True].cpu == [5] and plans[True].hits == [0]
-    with pytest.raises(ValueError, match="dispatch knob admit=2 is invalid"):
-        build_dispatcher(parse_system("lfu+cpu").with_knobs(dispatch__admit=2), CM)
