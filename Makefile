@@ -7,8 +7,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.oled-installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
+export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: demo test bench lint clean
+.PHONY: demo test docs bench lint clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -16,7 +17,7 @@ $(PY):
 
 $(STAMP): $(PY) pyproject.toml
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[serve,eval,dev,plot,fast]"
+	$(PY) -m pip install -q -e ".[serve,eval,dev,plot,fast,docs]"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -24,7 +25,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mkdocs build --strict --quiet --site-dir site
 	$(PY) -m pytest
+
+# the documentation (docs/) as a site in site/; --strict: a broken link or anchor fails
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 bench: $(STAMP)
 	$(PY) eval/bench_generate.py
@@ -33,4 +39,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info
