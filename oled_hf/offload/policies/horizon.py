@@ -32,7 +32,7 @@ The algorithm, per MoE layer with ``C`` slots (the planner's current allocation)
   will not use again; this is the online version of that rule.
 * Priority: the base policy's (``base``: one of ``BASES``); retention is not changed.
 
-Measured (a study since removed, see docs/performance.md; mini experts
+Measured (a study since removed, see docs/report.md; mini experts
 on H200 + PCIe 5): it does not beat ``oled``. The learned chance is high (0.66-0.96 per bin at 40 %),
 and fed undiscounted to the amortised split it over-copies (5.4 copies per access against 4.0 for
 ``lru+cpu``; 4.62x against 3.55x fused on mini-like dev s1 at 40 %): a reuse saves less than the
