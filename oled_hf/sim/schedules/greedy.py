@@ -50,12 +50,21 @@ def accesses_of(counts: np.ndarray, forwards: np.ndarray) -> list[Access]:
 
 
 def charge_access(tl: Timeline, acc: Access, hits: list[int], copied: list[int], cpu: list[int],
-                  cm: CostModel, ready: dict[tuple[int, int], float]) -> float:
-    """Time one access on ``tl`` (replay's charging, no planner, no prefetch); returns its end."""
+                  cm: CostModel, ready: dict[tuple[int, int], float],
+                  prefetch: list[tuple[int, int]] | None = None) -> float:
+    """Time one access on ``tl`` (replay's charging, no planner); returns its end.
+
+    ``prefetch``: (layer, expert) items queued behind the demand copies at the same plan, as replay
+    issues prefetches at the plan, before the layer's experts run (so a CPU batch sharing host DRAM
+    sees the engine busy with them too); their landing times go to ``ready``.
+    """
     start, plan_ready = tl.begin_layer(cm.nonexpert_s_per_layer, 0.0)
     if copied:
         for e, land in zip(copied, tl.copies(len(copied), plan_ready)):
             ready[(acc.layer, e)] = float(land)
+    if prefetch:
+        for it, land in zip(prefetch, tl.copies(len(prefetch), plan_ready, low=True, keys=list(prefetch))):
+            ready[it] = float(land)
     gpu = hits + copied
     r = np.array([ready.get((acc.layer, e), 0.0) for e in gpu])
     g = cm.gpu_times(acc.counts[gpu]) if gpu else np.zeros(0)

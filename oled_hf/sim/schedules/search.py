@@ -126,7 +126,7 @@ def search_schedule(accs: list[Access], cm: CostModel, total_slots: int, timed_f
         stats.demand_copies += len(copied)
         protected = {(acc.layer, e) for e in req}
         pre = _prefetches(accs, t, cache, protected, tl, cm, total_slots, variant, best_raw, len(copied))
-        _charge_with_prefetch(tl, acc, hits, copied, [e for e in misses if e not in copied], cm, ready, pre)
+        charge_access(tl, acc, hits, copied, [e for e in misses if e not in copied], cm, ready, pre)
         stats.prefetches += len(pre)
     stats.time_s = max(tl.gpu_free, tl.host_free) - t0
     return stats
@@ -151,30 +151,6 @@ def _prefetches(accs: list[Access], t: int, cache: dict[Item, int], protected: s
             if ok:
                 out.append((a.layer, e))
     return out
-
-
-def _charge_with_prefetch(tl: Timeline, acc: Access, hits: list[int], copied: list[int], cpu: list[int],
-                          cm: CostModel, ready: dict[Item, float], pre: list[Item]) -> float:
-    """:func:`offline.charge_access`, then ``pre`` queued behind the demand copies at the same plan.
-
-    The prefetches are issued before the layer's experts run, as replay issues them at the plan,
-    so a CPU batch sharing host DRAM sees the engine busy with them too.
-    """
-    start, plan_ready = tl.begin_layer(cm.nonexpert_s_per_layer, 0.0)
-    if copied:
-        for e, land in zip(copied, tl.copies(len(copied), plan_ready)):
-            ready[(acc.layer, e)] = float(land)
-    if pre:
-        for it, land in zip(pre, tl.copies(len(pre), plan_ready, low=True, keys=list(pre))):
-            ready[it] = float(land)
-    gpu = hits + copied
-    r = np.array([ready.get((acc.layer, e), 0.0) for e in gpu])
-    g = cm.gpu_times(acc.counts[gpu]) if gpu else np.zeros(0)
-    c = acc.counts[cpu]
-    cpu_s = cm.cpu_batch_time(c) if cpu else 0.0
-    shared = cm.host_dram_bytes_per_s > 0 and cm.cpu_shared_fixed_s > cm.cpu_expert_fixed_s
-    cpu_sh = cm.cpu_batch_time(c, shared=True) if cpu and shared else None
-    return tl.end_layer(start, plan_ready, cm.gpu_layer_fixed_s, r, g, cpu_s, cpu_sh).end
 
 
 def best_search(accs: list[Access], cm: CostModel, total_slots: int, timed_from: int = 0,
