@@ -194,10 +194,13 @@ def figures(params: SynthParams, trace) -> list[tuple[str, float, float]]:
         if key in params.targets:
             v = d[stat]
             vals = [x for x in (v if isinstance(v, list) else [v]) if x is not None]
-            out.append((name, float(params.targets[key]), float(np.mean(vals))))
+            # A figure the trace cannot show (e.g. no layer has two blocks) is reported as NaN, not averaged.
+            achieved = float(np.mean(vals)) if vals else float("nan")
+            out.append((name, float(params.targets[key]), achieved))
     return out
 
 
 def format_figures(rows: list[tuple[str, float, float]], tol: float = TOLERANCE) -> str:
-    return "\n".join(f"  {name}: target {t:.4g}, achieved {a:.4g} ({(a - t) / t:+.1%}"
+    return "\n".join(f"  {name}: target {t:.4g}, not measurable on this trace" if np.isnan(a) else
+                     f"  {name}: target {t:.4g}, achieved {a:.4g} ({(a - t) / t:+.1%}"
                      f"{'' if abs(a - t) <= tol * abs(t) else f', OUTSIDE +-{tol:.0%}'})" for name, t, a in rows)
