@@ -17,16 +17,26 @@ from ..fileio import write_folder_atomically
 from ..modeling import OledLLaDA2Config, OledLLaDA2ForDiffusionLM
 from .families import decoding_defaults
 from .output_folder import check_output_folder, detach_links, remove_stale_shards, safetensors_os_errors
-from .presets import SHARD_SIZE, preset_config_kwargs
-from .tokenizer import build_tokenizer, special_token_ids
+from .presets import DEFAULT_DTYPE, SHARD_SIZE, STREAMED, preset_config_kwargs
+from .streaming import write_random_checkpoint
+from .tokenizer import build_official_tokenizer, build_tokenizer, special_token_ids
 
 GENERATION_DEFAULTS = dict(block_length=32, threshold=0.95, steps=32, max_new_tokens=64, do_sample=False,
                            eos_early_stop=True)
 DTYPES = ("float32", "bfloat16", "float16")
 
 
+def parse_size(text: str) -> int:
+    """Bytes of a shard size as ``save_pretrained`` spells it (``"5GB"``: accelerate's rule)."""
+    from accelerate.utils import convert_file_size_to_int
+
+    return int(convert_file_size_to_int(text))
+
+
 def make_config(preset: str = "tiny", **overrides) -> OledLLaDA2Config:
     kwargs = preset_config_kwargs(preset, **overrides)
+    if preset in STREAMED:  # LLaDA2's own special ids (the config's defaults)
+        return OledLLaDA2Config(**kwargs)
     ids = special_token_ids(kwargs["vocab_size"])
     return OledLLaDA2Config(
         **kwargs,
@@ -67,12 +77,16 @@ def make_checkpoint(
     *,
     preset: str = "tiny",
     seed: int = 0,
-    dtype: str = "float32",
+    dtype: str | None = None,
     family: str = "llada2.0",
     overwrite: bool = False,
     **overrides,
 ) -> Path:
     """Write a checkpoint folder and return its path; ``family="llada2.1"`` writes 2.1 decoding defaults.
+
+    ``dtype`` None: the preset's (``presets.DEFAULT_DTYPE``: bfloat16 for ``mini``, else float32).
+    A ``STREAMED`` preset (``mini``) is written tensor by tensor (``streaming.write_random_checkpoint``:
+    a few hundred MB of memory whatever the size, free disk checked before the first byte).
 
     ``out_dir`` must be new or empty unless ``overwrite=True``. The checkpoint is built in a
     temporary sibling folder and renamed into place (:func:`~oled_hf.fileio.write_folder_atomically`):
@@ -82,10 +96,16 @@ def make_checkpoint(
     name, and the folder's other ``model-XXXXX-of-XXXXX.safetensors`` shards are deleted, as
     ``save_pretrained`` into the folder did.
     """
+    dtype = DEFAULT_DTYPE.get(preset, "float32") if dtype is None else dtype
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r} is not allowed; allowed: {', '.join(DTYPES)}")
     config = make_config(preset, **overrides)
     decoding = decoding_defaults(family)
+    if preset in STREAMED:
+        return write_random_checkpoint(
+            out_dir, config, seed=seed, dtype=getattr(torch, dtype), shard_bytes=parse_size(SHARD_SIZE[preset]),
+            generation={**GENERATION_DEFAULTS, **decoding}, overwrite=overwrite,
+            tokenizer=lambda folder: build_official_tokenizer(folder, config.vocab_size)).path
     out = check_output_folder(out_dir, overwrite=overwrite)
     torch_dtype = getattr(torch, dtype)
     model = random_model(config, seed=seed, dtype=torch_dtype)

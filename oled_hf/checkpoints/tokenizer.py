@@ -8,6 +8,7 @@ repo ships. Training is deterministic: the same ``vocab_size`` always yields a b
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -114,6 +115,43 @@ def train_bpe(vocab_size: int) -> Tokenizer:
     return tok
 
 
+# LLaDA2.0-mini's own ids (its config.json and generation defaults: EOS = pad 156892, mask 156895);
+# the role and BOS tokens sit just below EOS.
+OFFICIAL_SPECIAL_IDS = {ROLE_CLOSE_TOKEN: 156889, ROLE_OPEN_TOKEN: 156890, BOS_TOKEN: 156891, EOS_TOKEN: 156892,
+                        ROLE_END_TOKEN: 156893, MASK_TOKEN: 156895}
+OFFICIAL_BPE_SIZE = 4090  # what the shipped corpus trains to; every other id below the specials is reserved
+
+
+def train_bpe_official(vocab_size: int) -> Tokenizer:
+    """A tokenizer of exactly ``vocab_size`` ids with the special tokens at LLaDA2's official ids.
+
+    Why: a real-size checkpoint keeps the official ``config.json`` ids (EOS 156892, mask 156895),
+    but the shipped corpus trains BPE to ~4k entries. The ids between are reserved tokens
+    ``<|reserved_N|>``: below the first special id they are BPE vocabulary entries no merge
+    produces (never emitted by encoding, decoded as their text), above it added special tokens,
+    as official tokenizers reserve theirs.
+    """
+    lowest = min(OFFICIAL_SPECIAL_IDS.values())
+    if vocab_size <= max(OFFICIAL_SPECIAL_IDS.values()):
+        raise ValueError(f"vocab_size={vocab_size} is too small for LLaDA2's official special ids "
+                         f"(mask {OFFICIAL_SPECIAL_IDS[MASK_TOKEN]}): need at least "
+                         f"{max(OFFICIAL_SPECIAL_IDS.values()) + 1}")
+    bpe = train_bpe(OFFICIAL_BPE_SIZE + len(SPECIAL_TOKENS))
+    data = json.loads(bpe.to_str())
+    data["added_tokens"] = []
+    vocab = data["model"]["vocab"]
+    for token in SPECIAL_TOKENS:
+        vocab.pop(token, None)
+    vocab.update({f"<|reserved_{i}|>": i for i in range(len(vocab), lowest)})
+    tok = Tokenizer.from_str(json.dumps(data))
+    by_id = {i: t for t, i in OFFICIAL_SPECIAL_IDS.items()}
+    tok.add_special_tokens([by_id.get(i, f"<|reserved_{i}|>") for i in range(lowest, vocab_size)])
+    assert tok.get_vocab_size() == vocab_size, (tok.get_vocab_size(), vocab_size)
+    for token, expected in OFFICIAL_SPECIAL_IDS.items():
+        assert tok.token_to_id(token) == expected, (token, tok.token_to_id(token), expected)
+    return tok
+
+
 def _assert_special_layout(tok: Tokenizer, vocab_size: int) -> None:
     """The model config hard-codes these ids, so a silent shift would be a nasty bug."""
     assert tok.get_vocab_size() == vocab_size, (tok.get_vocab_size(), vocab_size)
@@ -130,6 +168,11 @@ def build_tokenizer(out_dir: str | os.PathLike, vocab_size: int, *, seed: int = 
     """
     del seed
     return save_llada2_tokenizer(train_bpe(vocab_size), out_dir)
+
+
+def build_official_tokenizer(out_dir: str | os.PathLike, vocab_size: int) -> PreTrainedTokenizerFast:
+    """:func:`build_tokenizer` with the special tokens at LLaDA2's official ids (:func:`train_bpe_official`)."""
+    return save_llada2_tokenizer(train_bpe_official(vocab_size), out_dir)
 
 
 def save_llada2_tokenizer(tokenizer_object: Tokenizer, out_dir: str | os.PathLike) -> PreTrainedTokenizerFast:

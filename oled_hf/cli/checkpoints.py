@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 
 from ..checkpoints.families import FAMILIES
 from ..checkpoints.presets import PRESETS
@@ -13,11 +14,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("out", help="output folder")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
-                   help="model shape: tiny for tests, small for benchmarks")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32", help="weight dtype")
+                   help="model shape: tiny for tests, small for benchmarks, mini for LLaDA2.0-mini's own "
+                        "dimensions (16B parameters, ~32 GB in bf16, written streaming)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                   help="weight dtype (default: bfloat16 for mini, float32 otherwise)")
+    p.add_argument("--layers", "--num-hidden-layers", dest="num_hidden_layers", type=int, default=None,
+                   help="number of decoder layers (the first is dense): cuts the depth, keeps every other dimension")
     p.add_argument("--family", choices=FAMILIES, default="llada2.0",
                    help="decoding defaults in generation_config.json: llada2.1 = token editing (quality preset)")
-    for field in ("hidden_size", "num_hidden_layers", "num_experts", "num_experts_per_tok", "n_group",
+    for field in ("hidden_size", "num_experts", "num_experts_per_tok", "n_group",
                   "topk_group", "moe_intermediate_size", "intermediate_size", "vocab_size"):
         p.add_argument(f"--{field.replace('_', '-')}", dest=field, type=int, default=None,
                        help=f"override the preset's {field} (default: the preset's)")
@@ -44,9 +49,14 @@ def make_tiny(args: argparse.Namespace) -> int:
     from ..checkpoints.factory import make_checkpoint
 
     overrides = {k: v for k, v in vars(args).items() if k in PRESETS[args.preset] and v is not None}
+    if args.num_hidden_layers is not None and args.num_hidden_layers < 1:
+        raise ValueError(f"--layers {args.num_hidden_layers} is invalid: must be an integer >= 1")
+    start = time.perf_counter()
     out = make_checkpoint(args.out, preset=args.preset, seed=args.seed, dtype=args.dtype, family=args.family,
                           overwrite=args.overwrite, **overrides)
-    print(f"wrote {args.preset} checkpoint ({args.family} decoding) to {out}")
+    size = sum(f.stat().st_size for f in out.glob("*.safetensors"))
+    print(f"wrote {args.preset} checkpoint ({args.family} decoding) to {out}: {size / 2**30:.2f} GiB of weights "
+          f"in {time.perf_counter() - start:.1f} s")
     return 0
 
 
