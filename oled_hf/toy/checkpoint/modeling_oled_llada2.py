@@ -60,7 +60,7 @@ from .checkpoint_files import (
 from .configuration_oled_llada2 import OledLLaDA2Config
 from .experts import RESIDENT_EXECUTOR, ExpertsExecutor
 from .generation_oled_llada2 import DiffusionGenerationMixin
-from .placement import offload_placement, resolve_offload_config
+from .placement import check_host_memory, offload_placement, resolve_offload_config
 
 
 @dataclass
@@ -484,8 +484,10 @@ class OledLLaDA2ForDiffusionLM(OledLLaDA2PreTrainedModel, DiffusionGenerationMix
         model._load_dtype = getattr(load_config, "dtype", None)
         safetensors = [str(f) for f in model._checkpoint_files if str(f).endswith(".safetensors")]
         model._tensor_files = {}
+        tensors = model.state_dict()
+        if not getattr(load_config, "disk_offload_folder", None):  # before any weight is read: a load larger
+            check_host_memory(tensors, getattr(load_config, "device_map", None))  # than RAM is refused, not OOM-killed
         if safetensors:  # damaged headers, a tensor in two shards, int tensors into float weights, wrong shapes
-            tensors = model.state_dict()
             floating = {name: t.is_floating_point() for name, t in tensors.items()}
             # ignore_mismatched_sizes=True is the caller's explicit opt-out: Transformers re-initialises them
             shapes = None if getattr(load_config, "ignore_mismatched_sizes", False) else {

@@ -108,3 +108,64 @@ def input_device(model) -> torch.device:
     if device is None:
         return model.device
     return torch.device(_device_name(device))
+
+
+# Host memory left free by every load: the OS, the page cache a run reads through, activations.
+HOST_HEADROOM_FRACTION = 0.10
+HOST_HEADROOM_MIN = 1 << 30
+
+
+def host_memory() -> tuple[int, int]:
+    """(available, total) bytes of host memory: ``MemAvailable`` and ``MemTotal`` of /proc/meminfo.
+
+    MemAvailable counts the page cache the kernel can drop as available, as it should here: a
+    load's own memory-mapped shards are such cache. Elsewhere (no /proc), ``sysconf`` (free pages
+    only) is the fallback.
+    """
+    try:
+        with open("/proc/meminfo") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if line[0].isupper()}
+        return info["MemAvailable"], info["MemTotal"]
+    except (OSError, KeyError, ValueError, IndexError):
+        import os
+
+        page = os.sysconf("SC_PAGE_SIZE")
+        return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
+
+
+def host_headroom(total: int) -> int:
+    """Bytes a load keeps free: 10% of the host's memory, at least 1 GiB."""
+    return max(int(HOST_HEADROOM_FRACTION * total), HOST_HEADROOM_MIN)
+
+
+def gib(n: float) -> str:
+    return f"{n / (1 << 30):.1f} GiB"
+
+
+def check_host_memory(tensors, device_map) -> None:
+    """Refuse, before any weight is read, a load whose CPU-placed weights would not fit in host memory.
+
+    Why: Transformers materialises every weight placed on the CPU as a tensor of its own (it reads
+    the memory-mapped shards, then copies), so a checkpoint larger than RAM is killed by the OOM
+    killer half-way. ``tensors``: the model's state dict as built (meta tensors: shapes and dtypes
+    only); ``device_map``: the load's (None or "cpu" everywhere: every weight on the host; a map
+    with other devices or disk: only the entries on "cpu" are counted by module prefix).
+    """
+    if isinstance(device_map, dict) and device_map:
+        on_host = [p for p, d in device_map.items() if str(d) == "cpu"]
+        if not on_host:
+            return
+        names = [n for n in tensors if any(p == "" or n == p or n.startswith(p + ".") for p in on_host)]
+    elif device_map is None or str(device_map) == "cpu":
+        names = list(tensors)
+    else:
+        return
+    needed = sum(tensors[n].numel() * tensors[n].element_size() for n in names)
+    available, total = host_memory()
+    keep = host_headroom(total)
+    if needed > available - keep:
+        raise ValueError(
+            f"loading this checkpoint resident needs {gib(needed)} of host memory for its weights, but the host has "
+            f"{gib(available)} available ({gib(keep)} kept free): load it with its routed experts offloaded, "
+            "from_pretrained(path, offload_config=oled_hf.OffloadConfig(cache_ratio=0.25)) (they stay in the "
+            "safetensors files with store='mmap'), or on a larger machine")
