@@ -294,6 +294,10 @@ def attach_offload(model, config: Any, checkpoint_files: list[str], dtype: torch
     # the budget first: a refused one (cache_ratio="auto" without CUDA, a pool larger than the free
     # device memory) is reported before the store reads any expert
     total_slots = config.resolve_device_slots(cfg, dtype_bytes, model.device, block_length)
+    # a cache on the CPU device lives in host memory beside the store
+    expert_bytes = 3 * cfg.hidden_size * cfg.moe_intermediate_size * dtype_bytes
+    cache_host_bytes = total_slots * expert_bytes if torch.device(model.device).type == "cpu" else 0
     store = ExpertStore.from_safetensors([str(f) for f in checkpoint_files], layer_ids, cfg.num_experts,
-                                         cfg.hidden_size, cfg.moe_intermediate_size, weight_dtype, config.store)
+                                         cfg.hidden_size, cfg.moe_intermediate_size, weight_dtype, config.store,
+                                         extra_bytes=cache_host_bytes)
     return OffloadRuntime(model, config, store, model.device, total_slots)

@@ -3,7 +3,7 @@
 Routed-expert tensors never go through ``from_pretrained`` (the model is built without them), so
 they are never materialised on the device outside the cache pool. Two layouts:
 
-* ``pinned`` (also ``auto`` everywhere): one contiguous buffer per MoE layer, ``[E, 3*I*H]``
+* ``pinned`` (``auto`` where it fits the host's available memory, else ``mmap``: ``choose_store``): one contiguous buffer per MoE layer, ``[E, 3*I*H]``
   (gate, up, down of an expert side by side), page-locked where CUDA exists, filled with plain
   file reads (no mmap: the page cache is not counted twice in the process's memory). One expert is
   one contiguous, 64-byte-aligned row: one DMA to a cache slot, and the same CPU GEMM code path as
@@ -25,6 +25,7 @@ offsets, which the library does not expose.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -32,7 +33,9 @@ from pathlib import Path
 
 import torch
 
-from ..modeling import checkpoint_files
+from ..modeling import checkpoint_files, placement
+
+logger = logging.getLogger(__name__)
 
 EXPERT_KEY = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 PARTS = ("gate_proj", "up_proj", "down_proj")
@@ -42,6 +45,26 @@ SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch
 def read_safetensors_header(path: str | os.PathLike) -> tuple[dict, int]:
     """The JSON header and the byte offset where tensor data starts; a damaged file raises naming it."""
     return checkpoint_files.read_safetensors_header(path)
+
+
+def choose_store(mode: str, store_bytes: int, extra_bytes: int, available: int, total: int) -> str:
+    """The store layout a load uses: ``pinned`` reads every routed expert into host memory, which a model
+    larger than RAM cannot take (the OOM killer would end the load half-way), so ``auto`` falls back to
+    ``mmap`` (the shards stay on disk, the page cache holds what is used) when the store and
+    ``extra_bytes`` would not fit the host's available memory less its headroom, and says so in one line;
+    ``pinned`` asked outright is refused before allocating."""
+    if mode == "mmap":
+        return mode
+    keep = placement.host_headroom(total)
+    if store_bytes + extra_bytes <= available - keep:
+        return "pinned"
+    need = (f"the routed experts need {placement.gib(store_bytes)} of host memory in store='pinned'"
+            + (f" (+{placement.gib(extra_bytes)} beside them)" if extra_bytes else "")
+            + f", the host has {placement.gib(available)} available ({placement.gib(keep)} kept free)")
+    if mode == "pinned":
+        raise ValueError(f"{need}: use store='mmap' (the experts stay in the safetensors files) or store='auto'")
+    logger.warning("oled-hf: %s: using store='mmap' instead", need)
+    return "mmap"
 
 
 @dataclass
@@ -86,10 +109,13 @@ class ExpertStore:
 
     @classmethod
     def from_safetensors(cls, files: list[str], layer_ids: list[int], num_experts: int, hidden_size: int,
-                         intermediate_size: int, dtype: torch.dtype, mode: str = "auto") -> ExpertStore:
+                         intermediate_size: int, dtype: torch.dtype, mode: str = "auto",
+                         extra_bytes: int = 0) -> ExpertStore:
+        """``extra_bytes``: host memory the load will take beside the store (a cache on the CPU device)."""
         if mode not in ("auto", "pinned", "mmap"):
             raise ValueError(f"store={mode!r} is unknown; allowed: auto, pinned, mmap")
-        mode = "pinned" if mode == "auto" else mode
+        store_bytes = len(layer_ids) * num_experts * 3 * hidden_size * intermediate_size * dtype.itemsize
+        mode = choose_store(mode, store_bytes, extra_bytes, *placement.host_memory())
         store = cls(layer_ids, num_experts, hidden_size, intermediate_size, dtype, mode)
         locations = index_expert_tensors(files)
         expected = {(layer, e, part) for layer in layer_ids for e in range(num_experts) for part in PARTS}
