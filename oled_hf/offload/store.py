@@ -3,11 +3,12 @@
 Routed-expert tensors never go through ``from_pretrained`` (the model is built without them), so
 they are never materialised on the device outside the cache pool. Two layouts:
 
-* ``pinned`` (``auto`` where it fits the host's available memory, else ``mmap``: ``choose_store``): one contiguous buffer per MoE layer, ``[E, 3*I*H]``
-  (gate, up, down of an expert side by side), page-locked where CUDA exists, filled with plain
-  file reads (no mmap: the page cache is not counted twice in the process's memory). One expert is
-  one contiguous, 64-byte-aligned row: one DMA to a cache slot, and the same CPU GEMM code path as
-  the resident model's aligned weights (so CPU-computed misses round exactly like resident ones).
+* ``pinned`` (``auto`` where it fits the host's available memory, else ``mmap``: ``choose_store``):
+  one contiguous buffer per MoE layer, ``[E, 3*I*H]`` (gate, up, down of an expert side by side),
+  page-locked where CUDA exists, filled with plain file reads (no mmap: the page cache is not
+  counted twice in the process's memory). One expert is one contiguous, 64-byte-aligned row: one
+  DMA to a cache slot, and the same CPU GEMM code path as the resident model's aligned weights (so
+  CPU-computed misses round exactly like resident ones).
 * ``mmap``: zero-copy views into the safetensors files; nothing is read until used. Lowest memory,
   but views are only 8-byte aligned, so on a CPU-only machine CPU-computed experts may round
   differently from the resident model (tokens can differ in rare near-ties).
