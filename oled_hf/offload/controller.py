@@ -94,6 +94,7 @@ class CacheController(IterationObserver):
         self.policy.set_capacities(self.state.capacities)
         self.dispatcher = build_dispatcher(self.system, believed if believed is not None else cost_model)
         self.prefetcher = build_prefetcher(self.system, num_layers, num_experts)
+        self.last_plan: tuple[int, LayerPlan] | None = None  # the latest (layer, plan), kept with a prefetcher
         self.allocator: AdaptiveAllocator | None = None
         if self.system.layer_adaptive:
             self.allocator = AdaptiveAllocator(
@@ -166,6 +167,7 @@ class CacheController(IterationObserver):
         plan = self.state.plan(layer, ids, weights, self.policy, self.dispatcher, counts)
         if self.prefetcher is not None:
             self.prefetcher.observe_access(layer, counts, self.clock)
+            self.last_plan = (layer, plan)
         if self.allocator is not None:
             self.allocator.observe(layer, counts)
         return plan
@@ -189,6 +191,15 @@ class CacheController(IterationObserver):
         copies = self.state.admit(layer, want, self.policy)
         self.policy.on_admitted(layer, want, self.clock)
         return copies
+
+    def prefetch_next(self, layer: int) -> list[tuple[int, int, int | None]]:
+        """Live: the prefetch into ``layer + 1`` right after ``layer``'s plan, its budget :func:`idle_copy_budget`."""
+        if self.prefetcher is None or layer + 1 >= self.num_layers:
+            return []
+        self.flush()
+        last = self.last_plan
+        budget = idle_copy_budget(self.cost_model, last[1]) if last is not None and last[0] == layer else 0
+        return self.prefetch(layer + 1, budget)
 
     def recover(self, slot_tags: Any) -> list[tuple[int, int]]:
         """After a failed access: drop residency the slots do not hold (``CacheState.reconcile``)."""
