@@ -176,6 +176,7 @@ class EmulatedDevice(SyncDevice):
         self.bandwidth, self.latency, self.memory_bytes = float(bandwidth), float(latency), memory_bytes
         self.allocated = 0
         self.copies = self.cancelled = 0
+        self.failures: list[str] = []
         self.busy_s = 0.0  # link time charged (what the copies took on the emulated link)
         self._queue: list[tuple[int, int, _Job]] = []
         self._seq = itertools.count()
@@ -270,8 +271,9 @@ class EmulatedDevice(SyncDevice):
             try:
                 job.fill(False)  # the bytes land at the end of the transfer
                 job.state = "done"
-            except BaseException:  # a failed copy completes its event; the slot's tag stays cleared
+            except BaseException as err:  # a failed copy completes its event; kept for the host to see
                 job.state = "failed"
+                self.failures.append(repr(err))
             self.copies += 1
             job.fill = None
             job.event._done.set()

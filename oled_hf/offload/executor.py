@@ -227,9 +227,10 @@ class OffloadedExpertsExecutor:
 
         calibrating = rt.controller.dispatcher.calibrator is not None
         t, copying = clock(), 0.0
-        issued = None  # the first copy wave is issued before the hits compute (its slots are not theirs)
+        issued = None  # the first copy wave goes before the hits compute unless it refills their slots (streamed)
         first = next((w for w in waves if w.copies), None)
-        if first is not None and rt.cache.asynchronous:
+        if first is not None and rt.cache.asynchronous and (
+                waves[0].copies or not np.isin(first.slots, waves[0].slots).any()):
             self._load(list(zip(first.experts.tolist(), first.slots.tolist())), calibrating)
             issued = first
         self._prefetch_next()  # behind this layer's demand copies, at low priority
