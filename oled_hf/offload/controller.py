@@ -92,7 +92,8 @@ class CacheController(IterationObserver):
         self.system = system if system is not None else config.resolved_system()
         self.policy = build_policy(self.system, num_layers, num_experts, config)
         self.policy.set_capacities(self.state.capacities)
-        self.dispatcher = build_dispatcher(self.system, believed if believed is not None else cost_model)
+        self.believed = believed if believed is not None else cost_model  # what decisions are made with
+        self.dispatcher = build_dispatcher(self.system, self.believed)
         self.prefetcher = build_prefetcher(self.system, num_layers, num_experts)
         self.last_plan: tuple[int, LayerPlan] | None = None  # the latest (layer, plan), kept with a prefetcher
         self.allocator: AdaptiveAllocator | None = None
@@ -198,7 +199,7 @@ class CacheController(IterationObserver):
             return []
         self.flush()
         last = self.last_plan
-        budget = idle_copy_budget(self.cost_model, last[1]) if last is not None and last[0] == layer else 0
+        budget = idle_copy_budget(self.believed, last[1]) if last is not None and last[0] == layer else 0
         return self.prefetch(layer + 1, budget)
 
     def recover(self, slot_tags: Any) -> list[tuple[int, int]]:

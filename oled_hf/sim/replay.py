@@ -362,7 +362,7 @@ def replay(
                         pc = np.bincount(pr[pr >= 0].reshape(-1).astype(np.int64), minlength=E)
                     budget = None
                     if prefetcher.capped and prefetch_budget == "planned":  # as the live executor decides
-                        budget = idle_copy_budget(ctrl.cost_model, plan)
+                        budget = idle_copy_budget(ctrl.believed, plan)
                     elif prefetcher.capped:
                         # predicted benefit: a prefetch pays only if its copy starts before layer l+1 plans
                         # (where its demand copy would start); later ones would be overtaken anyway
