@@ -81,14 +81,15 @@ def worker(spec: dict) -> dict:
                 hit_rate=stats.hit_rate if stats is not None else 1.0,
                 store=rt.store.mode if rt is not None else "resident",
                 peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, rss_after_load_gib=rss_load,
-                read_gib_load=(before - start_read) / 2**30, read_mib_per_token=(read_bytes() - before) / 2**20 / len(new),
+                read_gib_load=(before - start_read) / 2**30,
+                read_mib_per_token=(read_bytes() - before) / 2**20 / max(len(new), 1),
                 oled_hf=oled_hf.__version__, **{k.lower(): v for k, v in rss_parts().items()})
 
 
 def run_sub(args: list[str], env: dict) -> dict:
     p = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, env=env)
     if p.returncode != 0:
-        return {"error": (p.stderr.strip().splitlines() or ["exit %d" % p.returncode])[-1]}
+        return {"error": (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1]}
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
@@ -117,7 +118,7 @@ def table(results: list[dict]) -> str:
             rows.append(f"| {system} | {ratio:g} | failed: {rs[0]['error']} |" + " |" * (len(head) - 3))
             continue
 
-        def med(key):
+        def med(key, ok=ok):
             vals = [r[key] for r in ok]
             m = statistics.median(vals)
             return f"{m:.2f}" + (f" [{min(vals):.2f}-{max(vals):.2f}]" if len(vals) > 1 else "")
@@ -138,7 +139,7 @@ def plot(results: list[dict], path: Path) -> None:
     for system in sorted({r["system"] for r in results if r["system"] != "resident"}):
         rs = sorted((r for r in results if r["system"] == system and "error" not in r), key=lambda r: r["ratio"])
         ratios = sorted({r["ratio"] for r in rs})
-        med = lambda key, x: statistics.median(r[key] for r in rs if r["ratio"] == x)  # noqa: E731
+        med = lambda key, x, rs=rs: statistics.median(r[key] for r in rs if r["ratio"] == x)  # noqa: E731
         a.plot([100 * x for x in ratios], [med("s_per_token", x) for x in ratios], "o-", label=system)
         b.plot([100 * x for x in ratios], [med("peak_rss_gib", x) for x in ratios], "o-", label=system)
     a.set(xlabel="cache (% of routed experts)", ylabel="s per generated token", title="time per token")
@@ -204,12 +205,14 @@ def main(argv: list[str] | None = None) -> int:
                      f"hit {r['hit_rate']:.3f}, peak RSS {r['peak_rss_gib']:.2f} GiB (anon {r['rssanon']:.2f}), "
                      f"{r['read_mib_per_token']:.0f} MiB read/token, store {r['store']}"), flush=True)
     lines = ["# LLaDA2.0-mini at real size on this machine", "",
-             f"Command: `.venv/bin/python eval/real_size.py --dir DIR --out FILE --steps {args.steps} --reps {args.reps}`"
+             "Command: `.venv/bin/python eval/real_size.py --dir DIR --out FILE "
+             f"--steps {args.steps} --reps {args.reps}`"
              f"; {os.cpu_count()} CPU cores, {args.threads} torch threads; {args.new_tokens} new tokens, one block of "
              f"{args.block_length}, {args.steps} denoising steps; run time {time.time() - t0:.0f} s.", ""]
     if head:
-        lines += [f"Write: {head['write_gib']:.1f} GiB in {head['write_s']:.0f} s "
-                  f"({head['write_gib'] / head['write_s']:.2f} GiB/s), peak RSS {head['write_peak_rss_gib']:.2f} GiB.", ""]
+        rate = head["write_gib"] / head["write_s"]
+        lines += [f"Write: {head['write_gib']:.1f} GiB in {head['write_s']:.0f} s ({rate:.2f} GiB/s), "
+                  f"peak RSS {head['write_peak_rss_gib']:.2f} GiB.", ""]
     lines += [table(results), ""]
     tmp = args.out.with_name(f".{args.out.name}.tmp")
     tmp.write_text("\n".join(lines) + "\n")

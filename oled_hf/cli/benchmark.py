@@ -16,8 +16,10 @@ full residency is the median of the per-run ratios (each pair measured in the sa
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -49,7 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--system", nargs="+", default=None, metavar="SYSTEM",
                    help="composed systems to measure (OffloadConfig.system): RETENTION[+DISPATCH][+ALLOCATION], "
                         "e.g. lru+cpu+reuse+adaptive, or a preset (oled, lru-full, lfu-full, mixtral-offloading, "
-                        "ktransformers, ...); prefetch parts run in replay only (oled-moe trace replay --system); "
+                        "ktransformers, ...), with a prefetch part (oled+previous; the gate prefetchers run in "
+                        "replay only); "
                         "--cpu-compute off, or auto on a CPU-only device, still copies every miss "
                         "(default: none, or oled lru as --policy if neither flag is given)")
     p.add_argument("--policy", nargs="+", default=None, choices=KNOWN_POLICIES,
@@ -67,6 +70,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "exists (default: nowhere)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing report.json in --report-dir")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--emulated-bandwidth-gbps", type=float, default=None,
+                   help="--device emulated: the link's GB/s (default: an expert copies in the time PCIe 5 "
+                        "copies LLaDA2.0-mini's, ~126 us)")
+    p.add_argument("--emulated-latency-us", type=float, default=5.0, help="--device emulated: per-copy latency")
     p.add_argument("--loop-reference", action="store_true",
                    help="also time full residency with the per-expert loop (the grouped kernels' reference)")
     add_quiet_argument(p)
@@ -87,6 +94,11 @@ class Row:
     same_tokens: bool = True
     cpu_compute: str | None = None  # the mode this row ran with: hit rate and CPU share depend on it
     system: str | None = None  # the parts that ran (retention+prefetch+dispatch+allocation)
+    # --device emulated: the live wall clock beside the replay of the same run (benchmark_replay.py)
+    tokens_identical: bool | None = None
+    measured_tpot_s: float | None = None
+    replay_tpot_s: float | None = None
+    replay: dict | None = None
 
 
 def encode_prompts(tok, prompts: list[str]):
@@ -104,6 +116,7 @@ class Measured:
     outputs: list = field(default_factory=list)
     tokens_per_forward: float = 0.0
     tokens: int = 0
+    seconds: float = 0.0  # wall time of the timed passes
 
 
 def generate_all(model, inputs, gen: dict):
@@ -143,6 +156,7 @@ def measure_round_robin(configs: list[Measured], inputs, args, runs: int, warmup
             c.outputs, seconds, tokens, its = generate_all(c.model, inputs, gen)
             c.tpot.append(seconds / max(tokens, 1))
             c.tokens += tokens
+            c.seconds += seconds
             iterations[c.name] += its
             tick()
     for c in configs:
@@ -225,9 +239,18 @@ def benchmark(args: argparse.Namespace) -> int:
         check_new_files(args.report_dir, [REPORT_NAME], overwrite=args.overwrite, field="--report-dir",
                         flag="--overwrite", create=True)
     path = resolve_model(args.model)
-    device = resolve_device(args.device)
+    emulated = args.device == "emulated"
+    device = "cpu" if emulated else resolve_device(args.device)
     check_budget_device(budgets, device)
     load = dict(device_map=device)
+    link = {}
+    if emulated:
+        link = dict(device="emulated", emulated_bandwidth_gbps=args.emulated_bandwidth_gbps,
+                    emulated_latency_us=args.emulated_latency_us)
+        OffloadConfig(cache_size=1, **link)  # a bad link: one line, before anything loads
+    elif args.emulated_bandwidth_gbps is not None:
+        raise ValueError("--emulated-bandwidth-gbps needs --device emulated")
+    traces = tempfile.TemporaryDirectory(prefix="oled-benchmark-") if emulated else None
     if args.dtype:
         load["dtype"] = getattr(torch, args.dtype)
     tok = load_tokenizer(path)
@@ -241,6 +264,8 @@ def benchmark(args: argparse.Namespace) -> int:
         configs.append(Measured("full residency (per-expert loop)", loop))
     for budget in budgets:
         for name, fields in choices:
+            if traces is not None:  # each emulated run records its routing, for its replay
+                fields = {**fields, **link, "record_trace": str(Path(traces.name) / f"{len(configs)}.trace")}
             config = OffloadConfig(**budget, **fields, cpu_compute=args.cpu_compute)
             model = AutoModelForCausalLM.from_pretrained(path, offload_config=config, **load).eval()
             model._offload_runtime.profile = args.profile
@@ -256,6 +281,14 @@ def benchmark(args: argparse.Namespace) -> int:
         if getattr(c.model, "_offload_runtime", None) is not None:
             rows.append(offload_row(c, reference, full))
             details[c.name] = c.model.offload_stats()
+            if traces is not None:
+                from .benchmark_replay import replay_measured
+
+                rt = c.model._offload_runtime
+                rec = replay_measured(c, Path(rt.config.record_trace), args.warmup_runs * len(inputs))
+                rows[-1] = dataclasses.replace(rows[-1], tokens_identical=rows[-1].same_tokens,
+                                               measured_tpot_s=rec.pop("measured_tpot_s"),
+                                               replay_tpot_s=rec.pop("replay_tpot_s"), replay=rec)
         else:
             rows.append(Row(c.name, statistics.median(c.tpot) * 1e3, c.tokens_per_forward, spread(c.tpot) * 1e3,
                             ratio_to_full=paired_ratio(c.tpot, full.tpot),
@@ -263,6 +296,9 @@ def benchmark(args: argparse.Namespace) -> int:
     report = {"model": str(path), "device": device, "gen_length": args.gen_length,
               "block_length": args.block_length, "runs": args.runs, "order": "round-robin",
               "rows": [asdict(r) for r in rows]}
+    if emulated:
+        report["device"] = "emulated"
+        traces.cleanup()
     if args.report_dir:
         write_report(Path(args.report_dir), {**report, "offload_stats": details})
     if args.json:

@@ -60,7 +60,7 @@ TOKENS = 16  # tokens per expert of the larger measurement
 def calibrate(store: ExpertStore, cache: ExpertCache, base: CostModel, repeats: int = 3) -> CostModel:
     """``base`` with the copy, device and CPU expert fields measured here (see the module docstring)."""
     device, dtype = cache.device, store.dtype
-    sync = (lambda: torch.cuda.synchronize(device)) if cache.cuda else (lambda: None)
+    sync = (lambda: torch.cuda.synchronize(device)) if cache.cuda else cache.synchronize
 
     def timed(fn) -> float:
         fn()

@@ -115,6 +115,12 @@ class OffloadConfig:
     min_slots_per_layer: int = 1
     record_trace: str | None = None
     record_trace_overwrite: bool = False  # replace an existing record_trace file (else refused)
+    # where the slot pool lives: "auto" the model's device; "emulated" the emulated asynchronous
+    # device (oled_hf/offload/device.py: a budgeted pool, copies timed on a worker thread)
+    device: str = "auto"
+    emulated_bandwidth_gbps: float | None = None  # None: the expert copies in PCIe 5's time for mini's expert
+    emulated_latency_us: float = 5.0
+    emulated_memory: int | str | None = None  # the emulated device's memory; None: what the pool needs
 
     def __post_init__(self) -> None:
         self._check_budget()
@@ -155,8 +161,35 @@ class OffloadConfig:
         self._check_unit("gpu_memory_utilization", low_open=True)
         if self.record_trace is not None and (not isinstance(self.record_trace, str) or not self.record_trace):
             raise ValueError(f"record_trace={self.record_trace!r} is invalid: must be a file path or None")
+        self._check_device()
         self._check_system()
         self._warn_aliases()
+
+    def _check_device(self) -> None:
+        """``device`` and the emulated link; the emulated fields only with ``device='emulated'``."""
+        self._check_choice("device", ("auto", "emulated"), "allowed")
+        bw, lat = self.emulated_bandwidth_gbps, self.emulated_latency_us
+        if bw is not None and (not _is_real(bw) or not math.isfinite(float(bw)) or float(bw) <= 0.0):
+            raise ValueError(f"emulated_bandwidth_gbps={bw!r} is invalid: must be a finite number of GB/s > 0, "
+                             "or None for the default (an expert copies in the time PCIe 5 copies mini's)")
+        if not _is_real(lat) or not math.isfinite(float(lat)) or not 0.0 <= float(lat) <= 1e6:
+            raise ValueError(f"emulated_latency_us={lat!r} is invalid: must be a number of microseconds in [0, 1e6]")
+        if self.emulated_memory is not None:
+            parse_memory(self.emulated_memory, "emulated_memory")
+        if self.device != "emulated" and (bw is not None or self.emulated_memory is not None):
+            raise ValueError("emulated_bandwidth_gbps and emulated_memory apply to device='emulated' only; "
+                             f"device={self.device!r}")
+
+    def emulated_device(self, expert_bytes: int):
+        """The emulated device this config names (None for ``device='auto'``), its link checked."""
+        if self.device != "emulated":
+            return None
+        from .device import EmulatedDevice, default_bandwidth
+
+        bw = default_bandwidth(expert_bytes) if self.emulated_bandwidth_gbps is None \
+            else float(self.emulated_bandwidth_gbps) * 1e9
+        memory = None if self.emulated_memory is None else parse_memory(self.emulated_memory, "emulated_memory")
+        return EmulatedDevice(bw, float(self.emulated_latency_us) * 1e-6, memory)
 
     def resolved_system(self, cpu_compute: str | None = None) -> System:
         """The :class:`~oled_hf.offload.system.System` this config runs (``system.resolve_system``).
@@ -201,6 +234,7 @@ class OffloadConfig:
         if self.system is None:
             return
         # lazily: system.py imports the policies and the dispatcher, which need not load with a config
+        from .policies.prefetch import LIVE_PREFETCHERS, REPLAY_ONLY_PREFETCHERS
         from .system import parse_system
 
         system = parse_system(self.system)  # "system=... is invalid: ...; expected <grammar and presets>"
@@ -208,11 +242,12 @@ class OffloadConfig:
             raise ValueError(f"policy={self.policy!r} and system={self.system!r} are both given: the system names "
                              f"the retention policy (its first part, here {system.retention!r}); leave policy at "
                              f"its default ({DEFAULT_POLICY!r}) or give no system")
-        if system.prefetch != "none":
+        if system.prefetch in REPLAY_ONLY_PREFETCHERS:
             raise ValueError(f"system={self.system!r} is invalid for a live run: its prefetch part "
-                             f"{system.prefetch!r} runs in replay only (oled-moe trace replay --system); "
-                             f"a live system is RETENTION[+DISPATCH][+ALLOCATION], e.g. "
-                             f"{'+'.join((system.retention, system.dispatch, system.allocation))!r}")
+                             f"{system.prefetch!r} reads the next layer's predicted routes, which only a "
+                             f"recorded trace holds (oled-moe trace replay --system); live prefetch parts: "
+                             f"{', '.join(LIVE_PREFETCHERS)}, e.g. "
+                             f"{'+'.join((system.retention, 'previous', system.dispatch, system.allocation))!r}")
         from .system import REPLAY_ONLY_RETENTIONS
 
         if system.retention in REPLAY_ONLY_RETENTIONS:
@@ -337,6 +372,21 @@ class OffloadConfig:
         layers, experts = int(model_config.num_moe_layers), int(model_config.num_experts)
         one = budget.expert_bytes(model_config.hidden_size, model_config.moe_intermediate_size, dtype_bytes)
         dev = torch.device(device)
+        memory = None if self.device != "emulated" or self.emulated_memory is None else \
+            parse_memory(self.emulated_memory, "emulated_memory")
+        if memory is not None and memory < layers * self.min_slots_per_layer * one:
+            raise ValueError(f"emulated_memory={self.emulated_memory!r} ({budget.format_bytes(memory)}) is below the "
+                             f"per-layer minimum: {layers} MoE layers x min_slots_per_layer="
+                             f"{self.min_slots_per_layer} x {budget.format_bytes(one)} per expert = "
+                             f"{budget.format_bytes(layers * self.min_slots_per_layer * one)}")
+        if self.auto and self.device == "emulated":
+            if memory is None:
+                raise ValueError("cache_ratio='auto' on device='emulated' sizes the pool from emulated_memory: give it")
+            self._check_shape(layers, experts)
+            return budget.auto_slots(
+                free_bytes=memory, total_bytes=memory, reclaimable_bytes=0, activations=0,
+                one_expert_bytes=one, num_layers=layers, num_experts=experts,
+                min_slots_per_layer=self.min_slots_per_layer, gpu_memory_utilization=1.0, device="emulated")
         if self.auto:
             self._check_shape(layers, experts)
             free, total, reclaimable = budget.device_memory(dev)
@@ -349,6 +399,10 @@ class OffloadConfig:
                 min_slots_per_layer=self.min_slots_per_layer, gpu_memory_utilization=self.gpu_memory_utilization,
                 device=str(dev))
         slots = self.resolve_slots(layers, experts, expert_bytes=one)
+        if memory is not None and slots * one > memory:
+            raise ValueError(f"{self._budget_text()} needs {budget.format_bytes(slots * one)} for {slots} expert "
+                             f"slots, but emulated_memory={self.emulated_memory!r} is "
+                             f"{budget.format_bytes(memory)}; use a smaller budget")
         if dev.type == "cuda" and torch.cuda.is_available():
             free, total, reclaimable = budget.device_memory(dev)
             if slots * one > free + reclaimable:

@@ -41,7 +41,7 @@ from .live_timing import CopyTimer
 from .planner import CacheState, SlotMove
 from .policies.base import as_numpy
 from .stats import CacheStats
-from .system import System, build_dispatcher, build_policy
+from .system import System, build_dispatcher, build_policy, build_prefetcher
 
 
 @dataclass
@@ -61,8 +61,9 @@ class CacheController(IterationObserver):
     (``config.resolved_system()``, for replay and tests). ``config`` is an ``OffloadConfig``, read for
     the budget (only without ``total_slots``/``capacities``) and the knobs; it is not imported here
     (the config imports the runtime, which imports this module).
-    Its prefetch part is not run here (replay runs it beside the controller; the live runtime
-    refuses a config naming one). ``believed``: the cost model the dispatcher decides with
+    Its prefetch part is run here too (:meth:`prefetch`, the one decision live and replay share);
+    only when a prefetch is issued, and how many fit into idle copy time (its ``budget``), is the
+    caller's. ``believed``: the cost model the dispatcher decides with
     (default ``cost_model``, which is also what the slots are sized with).
     """
 
@@ -91,7 +92,10 @@ class CacheController(IterationObserver):
         self.system = system if system is not None else config.resolved_system()
         self.policy = build_policy(self.system, num_layers, num_experts, config)
         self.policy.set_capacities(self.state.capacities)
-        self.dispatcher = build_dispatcher(self.system, believed if believed is not None else cost_model)
+        self.believed = believed if believed is not None else cost_model  # what decisions are made with
+        self.dispatcher = build_dispatcher(self.system, self.believed)
+        self.prefetcher = build_prefetcher(self.system, num_layers, num_experts)
+        self.last_plan: tuple[int, LayerPlan] | None = None  # the latest (layer, plan), kept with a prefetcher
         self.allocator: AdaptiveAllocator | None = None
         if self.system.layer_adaptive:
             self.allocator = AdaptiveAllocator(
@@ -162,9 +166,41 @@ class CacheController(IterationObserver):
         counts = np.bincount(ids.reshape(-1), minlength=self.num_experts)
         self.policy.observe_access(layer, ids, weights, self.clock, counts)
         plan = self.state.plan(layer, ids, weights, self.policy, self.dispatcher, counts)
+        if self.prefetcher is not None:
+            self.prefetcher.observe_access(layer, counts, self.clock)
+            self.last_plan = (layer, plan)
         if self.allocator is not None:
             self.allocator.observe(layer, counts)
         return plan
+
+    def prefetch(self, layer: int, budget: int | None = None,
+                 predicted_counts: np.ndarray | None = None) -> list[tuple[int, int, int | None]]:
+        """The prefetch part's copies into ``layer`` ahead of its access: ``(expert, slot, evicted)`` rows.
+
+        Called right after the previous layer's plan. ``budget``: how many copies can start on the
+        copy engine before ``layer`` plans (a capped prefetcher honours it; the caller measures it
+        on its own copy engine, :func:`idle_copy_budget` being the live one). The admitted experts
+        are resident from here on (the planner treats them as hits), so the caller must make
+        ``layer``'s compute wait for their copies.
+        """
+        if self.prefetcher is None or not 0 <= layer < self.num_layers:
+            return []
+        self.flush()
+        want = self.prefetcher.prefetch_for(layer, predicted_counts, self.state.capacities[layer],
+                                            budget if self.prefetcher.capped else None,
+                                            self.state.resident_mask(layer))
+        copies = self.state.admit(layer, want, self.policy)
+        self.policy.on_admitted(layer, want, self.clock)
+        return copies
+
+    def prefetch_next(self, layer: int) -> list[tuple[int, int, int | None]]:
+        """Live: the prefetch into ``layer + 1`` right after ``layer``'s plan, its budget :func:`idle_copy_budget`."""
+        if self.prefetcher is None or layer + 1 >= self.num_layers:
+            return []
+        self.flush()
+        last = self.last_plan
+        budget = idle_copy_budget(self.believed, last[1]) if last is not None and last[0] == layer else 0
+        return self.prefetch(layer + 1, budget)
 
     def recover(self, slot_tags: Any) -> list[tuple[int, int]]:
         """After a failed access: drop residency the slots do not hold (``CacheState.reconcile``)."""
@@ -175,6 +211,8 @@ class CacheController(IterationObserver):
     def on_block_start(self, block_index: int, token_ids: Any) -> None:
         self.flush()
         self.policy.on_block_start(block_index, token_ids)
+        if self.prefetcher is not None:
+            self.prefetcher.on_block_start(int(block_index))
 
     def on_iteration(self, event: IterationEvent) -> None:
         self.flush()
@@ -195,6 +233,26 @@ class CacheController(IterationObserver):
         if proposal is None or proposal == self.state.capacities:
             return []
         return self.state.set_capacities(proposal, self.policy)
+
+
+def idle_copy_budget(cost_model: CostModel, plan: LayerPlan) -> int:
+    """How many prefetch copies can start before the next layer plans, as the cost model believes.
+
+    The window from this plan to the next layer's plan is this layer's device work (its launch
+    plus each hit and copied expert) and the next layer's non-expert part; the copy engine spends
+    the first part of it on this plan's demand and reuse copies. A prefetch starting later than the
+    window would be overtaken by its own demand copy, so it is not worth issuing. Replay's
+    default measures the same window on its timeline instead (``oled_hf.sim.replay``).
+    """
+    copy_s = cost_model.copy_time()
+    if copy_s <= 0:
+        return 0
+    gpu = [e for e in plan.hits] + [c[0] for c in plan.copies]
+    window = cost_model.nonexpert_s_per_layer
+    if gpu:
+        window += cost_model.gpu_layer_fixed_s + float(cost_model.gpu_times(plan.counts[gpu]).sum())
+    busy = (len(plan.copies) + len(plan.background)) * copy_s
+    return max(int(np.ceil((window - busy) / copy_s - 1e-9)), 0)
 
 
 def build_controller(config: Any, system: System, num_layers: int, num_experts: int,

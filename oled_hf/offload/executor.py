@@ -53,6 +53,7 @@ from ..modeling.experts import (
     swiglu_expert,
 )
 from .controller import DeferredAccess
+from .device import PREFETCH
 from .layer_plan import LayerPlan
 from .live_timing import copies_may_wait, record_end, record_start
 
@@ -152,6 +153,7 @@ class OffloadedExpertsExecutor:
         cache.wait_ready_range(m.lo, m.hi)
         out = grouped_swiglu(hidden_states[pairs.token_index], gate_up, down, pairs.offs)
         cache.mark_used_range(m.lo, m.hi)
+        self._prefetch_next()
         if rt.profile and cache.cuda:
             torch.cuda.synchronize(cache.device)
         rt.timing["gpu"][self.moe_index] += time.perf_counter() - start
@@ -225,8 +227,16 @@ class OffloadedExpertsExecutor:
 
         calibrating = rt.controller.dispatcher.calibrator is not None
         t, copying = clock(), 0.0
+        issued = None  # the first copy wave goes before the hits compute unless it refills their slots (streamed)
+        first = next((w for w in waves if w.copies), None)
+        if first is not None and rt.cache.asynchronous and (
+                waves[0].copies or not np.isin(first.slots, waves[0].slots).any()):
+            self._load(list(zip(first.experts.tolist(), first.slots.tolist())), calibrating)
+            issued = first
+        self._prefetch_next()  # behind this layer's demand copies, at low priority
+        copying += clock() - t
         for wave in waves:
-            if wave.copies:
+            if wave.copies and wave is not issued:
                 tc = clock()
                 self._load(list(zip(wave.experts.tolist(), wave.slots.tolist())), calibrating)
                 copying += clock() - tc
@@ -252,6 +262,25 @@ class OffloadedExpertsExecutor:
             rt.controller.dispatcher.observe(rt.controller.copy_timer.landed_seconds_per_copy(),
                                              plan.counts[sorted(plan.cpu)] if cpu_s is not None else None, cpu_s)
         return combine_pairs(per_pair, topk_weights, hidden_states.dtype)
+
+    def _prefetch_next(self) -> None:
+        """The prefetch part's copies into the next layer (``CacheController.prefetch_next``), at low priority.
+
+        Issued right after this layer's plan and its demand copies: they use the copy engine's idle
+        time while this layer computes, a demand copy overtakes any that has not started, and the
+        next layer's compute waits for those it hits (``ExpertCache.wait_ready``).
+        """
+        rt = self.runtime
+        if rt.controller.prefetcher is None:
+            return
+        nxt = self.moe_index + 1
+        copies = rt.controller.prefetch_next(self.moe_index)
+        if copies:
+            if rt.executors[nxt].slot_map is not None:
+                rt.executors[nxt].slot_map = None  # its slots change
+            for e, slot, _ in copies:
+                rt.cache.load(slot, nxt, e, priority=PREFETCH)
+            rt.prefetches[nxt] += len(copies)
 
     def _load(self, copies: list[tuple[int, int]], timed: bool) -> None:
         """Load ``(expert, slot)`` pairs of this layer; ``timed`` (calibrating, CUDA only): bracket them

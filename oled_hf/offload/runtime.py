@@ -37,6 +37,7 @@ would change them raises, naming how to load the model instead; one that changes
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import threading
 import time
@@ -137,7 +138,7 @@ class OffloadRuntime(IterationObserver):
         # total_slots: from attach_offload, which sized it against the device before reading experts
         self.total_slots = total_slots if total_slots is not None else config.resolve_slots(
             self.num_layers, self.num_experts, expert_bytes=store.expert_bytes)
-        self.cache = ExpertCache(store, self.total_slots, device)
+        self.cache = ExpertCache(store, self.total_slots, device, config.emulated_device(store.expert_bytes))
         self.cost_model = self._cost_model(cfg)
         # "auto" decided by the device: off where the experts' device is the CPU (resolve_cpu_compute)
         self.cpu_compute = resolve_cpu_compute(config.cpu_compute, accelerator=self.cache.cuda)
@@ -157,6 +158,7 @@ class OffloadRuntime(IterationObserver):
         # routing copies to the host that a forward waited for, per layer (on the CPU a view,
         # counted alike): one per planned access, none for an all-hits access
         self.routing_transfers = np.zeros(self.num_layers, dtype=np.int64)
+        self.prefetches = np.zeros(self.num_layers, dtype=np.int64)  # prefetch copies issued into each layer
         self.forwards = 0
         self.executors = [OffloadedExpertsExecutor(self, i) for i in range(self.num_layers)]
         for block, executor in zip(model.moe_blocks(), self.executors):
@@ -189,6 +191,10 @@ class OffloadRuntime(IterationObserver):
         preset = CostModel.h200_pcie5(cfg.hidden_size, cfg.moe_intermediate_size, dtype_bytes)
         if self.config.calibrate:
             preset = calibrate(self.store, self.cache, preset)
+        link = getattr(self.cache.backend, "copy_seconds", None)
+        if link is not None:  # the emulated device: its link is known, not measured (the device's compute is)
+            one = self.store.expert_bytes
+            preset = dataclasses.replace(preset, h2d_bytes_per_s=one / link(one))
         return preset.with_config(self.config)
 
     def _charge_policy(self, layer: int, seconds: float) -> None:
@@ -263,15 +269,20 @@ class OffloadRuntime(IterationObserver):
         total["forwards"] = self.forwards
         system = self.controller.system
         return {
-            "policy": system.retention, "system": "+".join((system.retention, system.dispatch, system.allocation)),
+            "policy": system.retention, "system": system.parts if system.prefetch != "none" else
+            "+".join((system.retention, system.dispatch, system.allocation)),
+            "prefetches": int(self.prefetches.sum()),
             "total_slots": self.total_slots,
-            "slots_per_layer": self.total_slots / self.num_layers, "device": str(self.cache.device),
+            "slots_per_layer": self.total_slots / self.num_layers, "device": self._device_name(),
             "pool_bytes": self.cache.pool_bytes, "host_bytes": self.store.host_bytes(), "store": self.store.mode,
             "cpu_compute": self.cpu_compute, "cpu_compute_requested": self.config.cpu_compute,
             "cost_model": dict(vars(self.cost_model)), "total": total, "layers": per_layer,
             # online calibration (calibrate_online): the belief's scales over the starting one, per term
             "calibration": cal.scales if (cal := self.controller.dispatcher.calibrator) is not None else {},
         }
+
+    def _device_name(self) -> str:
+        return "emulated" if self.cache.backend.name == "emulated" else str(self.cache.device)
 
     def reset_stats(self) -> None:
         """Zero every counter; waits for a call running on another thread to finish first."""
@@ -280,6 +291,7 @@ class OffloadRuntime(IterationObserver):
             for name in TIMERS:
                 self.timing[name][:] = 0
             self.routing_transfers[:] = 0
+            self.prefetches[:] = 0
             self.forwards = 0
             self._take_snapshot()
 
@@ -297,6 +309,9 @@ def attach_offload(model, config: Any, checkpoint_files: list[str], dtype: torch
     # a cache on the CPU device lives in host memory beside the store
     expert_bytes = 3 * cfg.hidden_size * cfg.moe_intermediate_size * dtype_bytes
     cache_host_bytes = total_slots * expert_bytes if torch.device(model.device).type == "cpu" else 0
+    if config.device == "emulated" and model.device.type != "cpu":
+        raise ValueError(f"device='emulated' runs the model on the CPU; it was loaded on {model.device}: "
+                         "load it with device_map='cpu'")
     store = ExpertStore.from_safetensors([str(f) for f in checkpoint_files], layer_ids, cfg.num_experts,
                                          cfg.hidden_size, cfg.moe_intermediate_size, weight_dtype, config.store,
                                          extra_bytes=cache_host_bytes)

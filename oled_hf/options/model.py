@@ -14,5 +14,6 @@ def add_model_argument(p: argparse.ArgumentParser) -> None:
 
 
 def add_device_argument(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, or auto: cuda when available, else cpu "
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, or auto: cuda when available, else cpu; "
+                   "benchmark also takes emulated (an asynchronous device emulated on the CPU) "
                    "(default: auto)")

@@ -9,7 +9,7 @@ and ``--gpu-memory-utilization`` included, are ``options.budget``'s, as every of
 ``--offload-system`` names a whole system (the grammar of ``offload/system.py``: retention,
 dispatch and allocation parts, or a preset such as ``lru-full``), as ``oled-moe benchmark
 --system`` does; chat's ``--system`` is already the system prompt, hence the longer name. A
-prefetch part is refused here: prefetchers run in replay only.
+prefetch part that reads predicted routes (``gate``, ``gate-capped``) is refused here: it runs in replay only.
 """
 
 from __future__ import annotations
@@ -37,17 +37,13 @@ def live_policy(value: str) -> str:
 
 
 def live_system(value: str) -> str:
-    """argparse type for ``--offload-system``: a system a live ``generate`` can run (no prefetch part)."""
+    """argparse type for ``--offload-system``: a system a live ``generate`` can run (OffloadConfig's rules)."""
     from ..offload.system import parse_system
 
     try:
-        system = parse_system(value)
+        parse_system(value)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
-    if system.prefetch != "none":
-        raise argparse.ArgumentTypeError(
-            f"'{value}' has the prefetch part '{system.prefetch}', which works only in trace replay "
-            "(oled-moe trace replay --system); drop it for a live run")
     from ..offload.config import OffloadConfig
 
     try:  # every other rule of a live system (an oracle retention, ...) is OffloadConfig's, checked once there

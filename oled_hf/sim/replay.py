@@ -43,19 +43,17 @@ import numpy as np
 
 from oled_hf.offload.allocation import uniform_capacities
 from oled_hf.offload.config import DEFAULT_POLICY, OffloadConfig
-from oled_hf.offload.controller import CacheController, build_controller
+from oled_hf.offload.controller import CacheController, build_controller, idle_copy_budget
 from oled_hf.offload.costmodel import CostModel
 from oled_hf.offload.online_calibration import CALIBRATION_KNOBS, CalibrationSettings, settings_from_knobs
-from oled_hf.offload.policies.prefetch import Prefetcher
 from oled_hf.offload.system import (
     System,
-    build_prefetcher,
     parse_system,
     resolve_system,
     system_of_legacy,
 )
 
-from ..offload.trace import OP_BLOCK_END, OP_BLOCK_START, OP_EVENT, OP_FORWARD, Trace
+from ..offload.trace import OP_BLOCK_END, OP_EVENT, OP_FORWARD, Trace
 from .belady import belady_global, belady_min
 from .timeline import Timeline
 
@@ -183,8 +181,8 @@ class _PrefetchBook:
 
 
 def _build(trace: Trace, config: OffloadConfig, system: System | None, cm: CostModel,
-           believed: CostModel | None) -> tuple[CacheController, Prefetcher | None]:
-    """The controller and prefetcher of one replay.
+           believed: CostModel | None) -> CacheController:
+    """The controller of one replay (it owns the system's prefetcher, ``CacheController.prefetch``).
 
     Without ``system`` the controller is built from ``config`` exactly as the live runtime builds
     it (its ``system``, or the legacy policy names; live == replay), with the prefetcher that
@@ -192,10 +190,8 @@ def _build(trace: Trace, config: OffloadConfig, system: System | None, cm: CostM
     """
     L, E = trace.num_layers, trace.num_experts
     if system is None:
-        ctrl = CacheController(config, L, E, cm, believed=believed)
-    else:
-        ctrl = build_controller(config, system, L, E, cm, believed)
-    return ctrl, build_prefetcher(ctrl.system, L, E)
+        return CacheController(config, L, E, cm, believed=believed)
+    return build_controller(config, system, L, E, cm, believed)
 
 
 def split_calibration(system: System | None) -> tuple[System | None, CalibrationSettings | None]:
@@ -240,6 +236,7 @@ def replay(
     believed: CostModel | None = None,
     measure_sigma: float = 0.1,
     measure_seed: int = 0,
+    prefetch_budget: str = "timeline",
 ) -> ReplayResult:
     """Run the trace through a fresh controller. Explicit arguments override ``offload_config``.
 
@@ -255,7 +252,12 @@ def replay(
     that has run earlier requests) and are left out of every counter and time; 0 = cold start.
     ``measure_sigma`` / ``measure_seed``: the noise of the measurements a calibrating dispatcher
     (dispatch knob ``calibrate=1``) is given (module docstring); unused without calibration.
+    ``prefetch_budget``: how a capped prefetcher's budget is measured: ``"timeline"`` on this
+    replay's copy engine, ``"planned"`` from the controller's cost model and the plan alone
+    (``idle_copy_budget``), as a live ``generate`` decides, so that replay reproduces its decisions.
     """
+    if prefetch_budget not in ("timeline", "planned"):
+        raise ValueError(f"prefetch_budget={prefetch_budget!r} is invalid: must be 'timeline' or 'planned'")
     if not (isinstance(measure_sigma, (int, float)) and math.isfinite(measure_sigma) and 0 <= measure_sigma <= 2):
         raise ValueError(f"measure_sigma={measure_sigma!r} is invalid: must be a number in [0, 2] (log-space noise)")
     if isinstance(measure_seed, bool) or not isinstance(measure_seed, int) or measure_seed < 0:
@@ -274,8 +276,8 @@ def replay(
     config = dataclasses.replace(base, **changes)
     cm = cost_model if cost_model is not None else default_cost_model(trace).with_config(config)
     L, E = trace.num_layers, trace.num_experts
-    ctrl, prefetcher = _build(trace, config, sys_, cm, believed)
-    policy = ctrl.policy
+    ctrl = _build(trace, config, sys_, cm, believed)
+    prefetcher = ctrl.prefetcher
     label = ctrl.system.parts
     dispatcher = ctrl.dispatcher
     calibrating = calibration is not None and dispatcher.cpu_enabled
@@ -327,10 +329,6 @@ def replay(
                     book.evicted(l, ev)
                 slot_accesses += ctrl.capacities[l]
                 pf_host = 0.0
-                if prefetcher is not None:
-                    t0 = clock()
-                    prefetcher.observe_access(l, counts, ctrl.clock)
-                    pf_host = clock() - t0 if measured else 0.0
                 host = host if measured else float(planner_s)
                 gpu_e = plan.hits + [c[0] for c in plan.copies]
                 start, plan_ready = tl.begin_layer(nonexpert, host)
@@ -363,15 +361,14 @@ def replay(
                         pr = pred_ids[l + 1]
                         pc = np.bincount(pr[pr >= 0].reshape(-1).astype(np.int64), minlength=E)
                     budget = None
-                    if prefetcher.capped:
+                    if prefetcher.capped and prefetch_budget == "planned":  # as the live executor decides
+                        budget = idle_copy_budget(ctrl.believed, plan)
+                    elif prefetcher.capped:
                         # predicted benefit: a prefetch pays only if its copy starts before layer l+1 plans
                         # (where its demand copy would start); later ones would be overtaken anyway
                         window = lt.end + nonexpert - max(tl.copy_free, plan_ready)
                         budget = max(math.ceil(window / cm.copy_time()), 0)
-                    want = prefetcher.prefetch_for(l + 1, pc, ctrl.capacities[l + 1], budget,
-                                                   ctrl.state.resident_mask(l + 1))
-                    pf = ctrl.state.admit(l + 1, want, policy)
-                    policy.on_admitted(l + 1, want, ctrl.clock)
+                    pf = ctrl.prefetch(l + 1, budget, pc)
                     pf_host += clock() - t0 if measured else 0.0
                     if pf:
                         for _, _, ev in pf:
@@ -393,8 +390,6 @@ def replay(
                 committed += int(ev_com[int(ev_off[idx]):int(ev_off[idx + 1])].sum())
             t0 = clock()
             trace.deliver(ctrl, op, idx)
-            if prefetcher is not None and op == OP_BLOCK_START:
-                prefetcher.on_block_start(int(trace.marker(idx)[0]))
             host = clock() - t0 if measured else 0.0
             if op == OP_BLOCK_END:  # the controller's on_block_end already published a calibrating belief
                 for move in ctrl.last_moves:

@@ -26,7 +26,7 @@ def test_benchmark_runs_composed_systems_next_to_policies(tiny_path, capsys):
     (["--system", "lru+gpu"], "--system lru+gpu: system='lru+gpu' is invalid: unknown part 'gpu'; expected "
                               "RETENTION[+PREFETCH][+DISPATCH][+ALLOCATION]"),
     (["--system", "promoe"], "--system promoe: system='promoe' is invalid for a live run: its prefetch part "
-                             "'gate-capped' runs in replay only (oled-moe trace replay --system)"),
+                             "'gate-capped' reads the next layer's predicted routes"),
     (["--system", "lru", "--policy", "lru"], "'lru' is named twice by --system/--policy: name each configuration once"),
 ])
 def test_bad_systems_are_one_line_before_loading(tiny_path, capsys, argv, message):

@@ -135,8 +135,8 @@ def test_offload_system_names_a_whole_system(tiny_path, capsys):
     stats = model.offload_stats()  # lru-full is lru+cpu+reuse+adaptive; with no accelerator every miss is copied
     assert stats["policy"] == "lru" and stats["system"] == "lru+copy+adaptive"
     capsys.readouterr()
-    for argv, message in ((["--offload-system", "lru+gate"], "has the prefetch part 'gate', which works only in "
-                                                              "trace replay"),
+    for argv, message in ((["--offload-system", "lru+gate"], "its prefetch part 'gate' reads the next layer's "
+                                                              "predicted routes"),
                           (["--offload-system", "lru+nope"], "unknown part 'nope'"),
                           (["--offload-system", "lru"], "--offload-system needs a budget, --cache-size, --cache-ratio"),
                           (["--offload-system", "lru", "--policy", "oled", "--cache-size", "4"],

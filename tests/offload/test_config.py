@@ -118,10 +118,10 @@ def test_system_names_a_live_system_and_round_trips():
     (dict(system="cpu+lru"), r"^system='cpu\+lru' is invalid: the first part must be a retention policy"),
     (dict(system="lru", policy="lfu"), r"^policy='lfu' and system='lru' are both given: the system names the "
                                        r"retention policy .*leave policy at its default \('oled'\) or give no system$"),
-    (dict(system="promoe"), r"^system='promoe' is invalid for a live run: its prefetch part 'gate-capped' runs in "
-                            r"replay only \(oled-moe trace replay --system\); a live system is "
-                            r"RETENTION\[\+DISPATCH\]\[\+ALLOCATION\], e.g. 'lru\+copy\+uniform'$"),
-    (dict(system="moe-infinity+matrix+cpu"), r"prefetch part 'matrix' runs in replay only"),
+    (dict(system="promoe"), r"^system='promoe' is invalid for a live run: its prefetch part 'gate-capped' reads "
+                            r"the next layer's predicted routes, which only a recorded trace holds \(oled-moe trace "
+                            r"replay --system\); live prefetch parts: previous, matrix, e.g. "
+                            r"'lru\+previous\+copy\+uniform'$"),
     (dict(system="lru+adaptive", layer_adaptive=False), r"^layer_adaptive=False and system='lru\+adaptive' disagree"),
 ])
 def test_system_messages(kwargs, message):
@@ -232,3 +232,8 @@ def test_load_refuses_an_infeasible_minimum_before_allocating(tiny_path):
     with pytest.raises(ValueError, match="cache_ratio=0.1 gives 10 expert slots .* min_slots_per_layer=8"):
         OledLLaDA2ForDiffusionLM.from_pretrained(
             tiny_path, offload_config=OffloadConfig(cache_ratio=0.1, min_slots_per_layer=8))
+
+
+@pytest.mark.parametrize("system", ["oled+previous", "moe-infinity+matrix+cpu"])
+def test_live_prefetch_parts_are_accepted(system):
+    assert OffloadConfig(cache_size=8, system=system).resolved_system().prefetch in ("previous", "matrix")

@@ -144,8 +144,30 @@ def test_live_system_equals_trace_replay_system(tiny_path, tiny_model, tiny_toke
     assert row["capacities"] == ctrl.capacities
 
 
-def test_a_live_system_with_a_prefetcher_is_refused_before_loading(tiny_path):
+def test_a_live_system_with_a_gate_prefetcher_is_refused_before_loading(tiny_path):
     with pytest.raises(ValueError, match=r"system='promoe' is invalid for a live run: its prefetch part "
-                                         r"'gate-capped' runs in replay only"):
+                                         r"'gate-capped' reads the next layer's predicted routes, which only a "
+                                         r"recorded trace holds .*; live prefetch parts: previous, matrix"):
         OledLLaDA2ForDiffusionLM.from_pretrained(tiny_path, offload_config=OffloadConfig(cache_size=6,
                                                                                          system="promoe"))
+
+
+@pytest.mark.parametrize("system", ["oled+previous", "lru+matrix+copy+uniform"])
+def test_live_prefetch_decisions_equal_replay(tiny_path, tiny_tokenizer, tmp_path, system):
+    """A live run with a prefetch part replays (budgets as the live run measures them) to its counters."""
+    path = tmp_path / "pf.trace"
+    config = OffloadConfig(cache_size=4, system=system, cpu_compute="on", record_trace=str(path))
+    model = OledLLaDA2ForDiffusionLM.from_pretrained(tiny_path, offload_config=config).eval()
+    for text in ("hello there", "tell me about the sea and the ships"):
+        ids = tiny_tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                 return_tensors="pt", return_dict=True)
+        model.generate(**ids, max_new_tokens=24, block_length=8, threshold=0.9)
+    stats = model.offload_stats()
+    live, rt = stats["total"], model._offload_runtime
+    assert stats["prefetches"] > 0
+    result = replay(load_trace(str(path)), system, 4, system=rt.controller.system, cost_model=rt.cost_model,
+                    prefetch_budget="planned")
+    assert result.prefetch_issued == stats["prefetches"]
+    assert (result.hits, result.misses, result.evictions) == (live["hits"], live["misses"], live["evictions"])
+    assert result.bytes_copied == live["bytes_copied"] and result.cpu_expert_tokens == live["cpu_expert_tokens"]
+    assert result.capacities == rt.controller.capacities

@@ -4,8 +4,10 @@ A prefetcher knows nothing of the retention policy, the dispatch or the allocati
 routing (``observe_access``) and the block starts, and names the experts of layer l+1 to copy while
 layer l computes (``prefetch_for``, best first). Replay (``oled_hf.sim.replay``) copies them on the
 copy engine and tells the retention policy which experts were admitted ahead of use
-(``CachePolicy.on_admitted``), so that the policy can rank them as it sees fit. Live runs do not
-prefetch yet: there a system with a prefetcher behaves as its other parts.
+(``CachePolicy.on_admitted``), so that the policy can rank them as it sees fit. A live ``generate``
+runs the same decision (``CacheController.prefetch``) and issues the copies at low priority on the
+device's copy engine (``oled_hf.offload.executor``); the gate prefetchers need the next layer's
+predicted routes, which only a recorded trace holds, so they run in replay only.
 
 * ``gate`` (``GatePrefetcher``): layer l+1's router applied to the hidden state leaving layer l
   predicts its experts (recorded in version-2 traces, ``Trace.predicted_routing``); the predicted
@@ -34,6 +36,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 PREFETCHERS = ("none", "gate", "gate-capped", "previous", "matrix")
+# a live generate has no predicted routes of the next layer (only a recorded trace holds them)
+REPLAY_ONLY_PREFETCHERS = ("gate", "gate-capped")
+LIVE_PREFETCHERS = tuple(p for p in PREFETCHERS[1:] if p not in REPLAY_ONLY_PREFETCHERS)
 
 
 def ranked(scores: np.ndarray, limit: int) -> np.ndarray:

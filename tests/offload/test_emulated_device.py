@@ -1,0 +1,232 @@
+"""The emulated asynchronous device: its copies, events and the synchronisation the slot pool needs.
+
+Each hazard test fails when the synchronisation it names is removed: the emulated copy writes its
+bytes only at the end of its transfer time, so a reader that does not wait reads the slot's
+previous bytes, and a queued prefetch that is not superseded lands after the demand copy that
+replaced it.
+"""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from oled_hf.modeling import OledLLaDA2ForDiffusionLM
+
+from oled_hf import OffloadConfig
+from oled_hf.offload.cache import ExpertCache
+from oled_hf.offload.device import DEMAND, PREFETCH, EmulatedDevice, default_bandwidth
+from oled_hf.offload.store import ExpertStore
+
+
+class _Store:
+    """Three distinct experts of one layer: row ``e`` is all ``e + 1``."""
+
+    hidden, inter, dtype, num_experts = 4, 2, torch.float32, 3
+    numel = 3 * 4 * 2
+    expert_bytes = numel * 4
+
+    def flat(self, layer, expert):
+        return torch.full((self.numel,), float(expert + 1))
+
+
+def _cache(seconds_per_copy=0.02):
+    store = _Store()
+    device = EmulatedDevice(bandwidth=store.expert_bytes / seconds_per_copy, latency=0.0)
+    return ExpertCache(store, 4, torch.device("cpu"), device), device
+
+
+def _value(cache, slot):
+    return float(cache.pool[slot, 0])
+
+
+def test_a_copy_takes_its_link_time_and_reading_waits_for_it():
+    cache, device = _cache(0.03)
+    cache.pool.zero_()
+    start = time.perf_counter()
+    cache.load(0, 0, 2)
+    assert time.perf_counter() - start < 0.02  # issued, not waited for
+    assert not cache.ready[0].query()
+    cache.wait_ready([0])  # use before the copy completes: compute must wait for it
+    assert time.perf_counter() - start >= 0.029
+    assert _value(cache, 0) == 3.0
+    device.close()
+
+
+def test_a_copy_into_a_slot_whose_queued_prefetch_it_replaces_wins():
+    cache, device = _cache(0.02)
+    cache.pool.zero_()
+    cache.load(3, 0, 0)  # keeps the copy worker busy
+    cache.load(0, 0, 1, priority=PREFETCH)  # queued behind it, low priority
+    cache.load(0, 0, 2, priority=DEMAND)  # the slot is evicted and refilled before the prefetch ran
+    device.synchronize()
+    time.sleep(0.05)  # a prefetch that was not cancelled would land now, over the newer expert
+    assert _value(cache, 0) == 3.0 and device.cancelled == 1
+    device.close()
+
+
+def test_a_copy_into_a_slot_whose_copy_is_in_flight_lands_after_it():
+    cache, device = _cache(0.02)
+    cache.pool.zero_()
+    cache.load(0, 0, 1, priority=PREFETCH)
+    time.sleep(0.005)  # the prefetch has started: it cannot be cancelled, the new copy waits for it
+    cache.load(0, 0, 2)
+    cache.wait_ready([0])
+    assert _value(cache, 0) == 3.0 and device.cancelled == 0
+    device.close()
+
+
+def test_demand_copies_overtake_queued_prefetches_and_a_needed_prefetch_is_promoted():
+    cache, device = _cache(0.02)
+    cache.load(3, 0, 0)  # running
+    cache.load(0, 0, 0, priority=PREFETCH)
+    cache.load(1, 0, 1, priority=PREFETCH)
+    cache.load(2, 0, 2)  # a demand copy issued after both prefetches
+    cache.wait_ready([1])  # the demand path needs the second prefetch now: it stops yielding
+    assert _value(cache, 1) == 2.0
+    waiting = cache.ready[0]
+    assert not waiting.query()
+    cache.wait_ready([2])
+    assert _value(cache, 2) == 3.0
+    assert not waiting.query()  # the demand copy went before the prefetch queued ahead of it
+    waiting.synchronize()
+    assert _value(cache, 0) == 1.0
+    device.close()
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(bandwidth=0), "bandwidth=0 is invalid"),
+    (dict(bandwidth=-1.0), "bandwidth=-1.0 is invalid"),
+    (dict(bandwidth=float("nan")), "bandwidth=nan is invalid"),
+    (dict(bandwidth=1e9, latency=-1e-6), "latency=-1e-06 is invalid"),
+])
+def test_a_bad_link_is_one_clear_error(kw, match):
+    with pytest.raises(ValueError, match=match):
+        EmulatedDevice(**kw)
+
+
+def test_the_pool_is_counted_against_the_emulated_memory():
+    device = EmulatedDevice(1e9, memory_bytes=1000)
+    with pytest.raises(ValueError, match="has 1000 bytes free of 1000; a pool of 20 expert slots needs 1920"):
+        device.allocate(20, 24, torch.float32)
+    assert device.allocate(10, 24, torch.float32).shape == (10, 24) and device.allocated == 960
+    device.close()
+
+
+def test_the_default_link_copies_an_expert_in_the_time_pcie5_copies_minis():
+    assert default_bandwidth(3 * 2048 * 512 * 2) == 50e9
+    assert 3 * 128 * 16 * 4 / default_bandwidth(3 * 128 * 16 * 4) == pytest.approx(3 * 2048 * 512 * 2 / 50e9)
+
+
+# ---- a model on the emulated device --------------------------------------------------------------
+
+SLOW = dict(device="emulated", emulated_bandwidth_gbps=0.1, emulated_latency_us=0.0)  # ~0.25 ms a tiny expert
+PROMPTS = ("hello there", "tell me about the sea and the ships")
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(tiny_tokenizer):
+    return [tiny_tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
+                                               return_tensors="pt", return_dict=True)["input_ids"] for t in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def resident_tokens(tiny_model, prompt_ids):
+    return [tiny_model.generate(ids, max_new_tokens=16, block_length=8) for ids in prompt_ids]
+
+
+def _generate(model, prompt_ids):
+    return [model.generate(ids, max_new_tokens=16, block_length=8) for ids in prompt_ids]
+
+
+@pytest.mark.parametrize("system, cpu", [
+    ("oled", "on"), ("oled+previous", "on"), ("lru-full", "on"), ("lru+previous+copy+uniform", "off"),
+    ("lru+matrix+copy+uniform", "off"),
+])
+def test_every_system_gives_the_resident_tokens_on_the_emulated_device(tiny_path, prompt_ids, resident_tokens,
+                                                                        system, cpu):
+    model = OledLLaDA2ForDiffusionLM.from_pretrained(
+        tiny_path, offload_config=OffloadConfig(cache_size=3, system=system, cpu_compute=cpu, **SLOW)).eval()
+    got = _generate(model, prompt_ids)
+    assert all(torch.equal(a, b) for a, b in zip(got, resident_tokens))
+    rt = model._offload_runtime
+    assert rt.cache.backend.name == "emulated" and model.offload_stats()["device"] == "emulated"
+    rt.controller.state.check_invariants(rt.cache.slot_tags)
+    rt.cache.backend.close()
+
+
+def test_prefetches_are_issued_live_and_the_next_layer_waits_for_them(tiny_path, prompt_ids, resident_tokens):
+    # a fast link leaves idle copy time, so the capped prefetcher issues copies; each must land before use
+    model = OledLLaDA2ForDiffusionLM.from_pretrained(tiny_path, offload_config=OffloadConfig(
+        cache_size=4, system="lru+previous+copy+uniform", cpu_compute="off", device="emulated",
+        emulated_bandwidth_gbps=0.05, emulated_latency_us=0.0)).eval()
+    rt = model._offload_runtime
+    rt.cost_model.nonexpert_s_per_layer = 1e-3  # believed idle time: room for prefetches in every layer
+    got = _generate(model, prompt_ids)
+    assert all(torch.equal(a, b) for a, b in zip(got, resident_tokens))
+    assert model.offload_stats()["prefetches"] > 0
+    rt.cache.backend.close()
+
+
+def test_a_cpu_computed_miss_racing_its_own_admission(tiny_path, prompt_ids, resident_tokens):
+    """cpu+reuse: a miss computed on the CPU (in the worker thread) while its reuse copy is in flight."""
+    model = OledLLaDA2ForDiffusionLM.from_pretrained(tiny_path, offload_config=OffloadConfig(
+        cache_size=3, system="lru+cpu+reuse+uniform", cpu_compute="on", oled_background_copies=4, **SLOW)).eval()
+    rt = model._offload_runtime
+    rt.overlap_cpu = True  # the CPU path runs beside the device work, as on a GPU
+    got = _generate(model, prompt_ids)
+    assert all(torch.equal(a, b) for a, b in zip(got, resident_tokens))
+    assert model.offload_stats()["total"]["cpu_expert_tokens"] > 0
+    rt.cache.backend.close()
+
+
+def test_three_threads_generating_at_once_on_the_emulated_device(tiny_path, prompt_ids, resident_tokens):
+    model = OledLLaDA2ForDiffusionLM.from_pretrained(tiny_path, offload_config=OffloadConfig(
+        cache_size=3, system="oled+previous", cpu_compute="on", **SLOW)).eval()
+    results: dict[int, list] = {}
+
+    def work(i):
+        results[i] = _generate(model, prompt_ids[i % 2:] + prompt_ids[:i % 2])
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    for i in range(3):
+        want = resident_tokens[i % 2:] + resident_tokens[:i % 2]
+        assert all(torch.equal(a, b) for a, b in zip(results[i], want))
+    rt = model._offload_runtime
+    rt.controller.state.check_invariants(rt.cache.slot_tags)
+    rt.cache.backend.close()
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(device="tpu"), "device='tpu' is unknown; allowed: auto, emulated"),
+    (dict(device="emulated", emulated_bandwidth_gbps=0), "emulated_bandwidth_gbps=0 is invalid"),
+    (dict(device="emulated", emulated_bandwidth_gbps=float("nan")), "emulated_bandwidth_gbps=nan is invalid"),
+    (dict(device="emulated", emulated_latency_us=-1), "emulated_latency_us=-1 is invalid"),
+    (dict(emulated_bandwidth_gbps=1.0), "apply to device='emulated' only"),
+])
+def test_bad_emulated_fields_are_refused_by_the_config(kw, match):
+    with pytest.raises(ValueError, match=match):
+        OffloadConfig(cache_size=2, **kw)
+
+
+def test_an_emulated_memory_below_the_per_layer_minimum_is_refused_before_loading(tiny_path, monkeypatch):
+    read = []
+    monkeypatch.setattr(ExpertStore, "from_safetensors", lambda *a, **k: read.append(1))
+    with pytest.raises(ValueError, match="emulated_memory=100 .* is below the per-layer minimum"):
+        OledLLaDA2ForDiffusionLM.from_pretrained(tiny_path, offload_config=OffloadConfig(
+            cache_size=2, device="emulated", emulated_memory=100))
+    assert not read
+
+
+def test_the_emulated_pool_never_exceeds_its_memory(tiny_path):
+    model = OledLLaDA2ForDiffusionLM.from_pretrained(tiny_path, offload_config=OffloadConfig(
+        cache_size=2, device="emulated", emulated_memory="1MiB")).eval()
+    rt = model._offload_runtime
+    assert rt.cache.backend.allocated == rt.cache.pool_bytes <= 2**20
+    assert np.all(rt.cache.slot_tags[:, 0] >= -1)
+    rt.cache.backend.close()
