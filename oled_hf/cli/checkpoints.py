@@ -19,7 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                    help="weight dtype (default: bfloat16 for mini, float32 otherwise)")
     p.add_argument("--layers", "--num-hidden-layers", dest="num_hidden_layers", type=int, default=None,
-                   help="number of decoder layers (the first is dense): cuts the depth, keeps every other dimension")
+                   help="number of decoder layers (the first is dense): cuts the depth, keeps every other dimension "
+                        "(default: the preset's)")
     p.add_argument("--family", choices=FAMILIES, default="llada2.0",
                    help="decoding defaults in generation_config.json: llada2.1 = token editing (quality preset)")
     for field in ("hidden_size", "num_experts", "num_experts_per_tok", "n_group",

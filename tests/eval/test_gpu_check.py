@@ -46,7 +46,7 @@ def test_streaming_writer_matches_model_layout(tmp_path):
     from oled_hf.checkpoints.factory import make_config
     from oled_hf.checkpoints.streaming import write_random_checkpoint
 
-    path = write_random_checkpoint(tmp_path / "ck", make_config("tiny"), shard_bytes=2 << 20)
+    path = write_random_checkpoint(tmp_path / "ck", make_config("tiny"), shard_bytes=2 << 20).path
     index = json.loads((path / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 1
     model = OledLLaDA2ForDiffusionLM.from_pretrained(path)
