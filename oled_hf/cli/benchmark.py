@@ -30,6 +30,7 @@ from ..offload.dispatch import CPU_COMPUTE_MODES
 from ..options.budget import add_budget_arguments, budget_choices, budget_name, check_budget_device
 from ..options.model import add_device_argument, add_model_argument
 from ..progress import add_quiet_argument, progress
+from .benchmark_profile import format_split
 from .common import cpu_compute_note, resolve_device, resolve_model
 
 REPORT_NAME = "report.json"  # what --report-dir holds
@@ -64,7 +65,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup-runs", type=int, default=1, help="untimed passes over the prompts first")
     p.add_argument("--runs", type=int, default=2, help="timed passes over the prompts")
     p.add_argument("--prompt", action="append", help="prompt (repeatable; default: three sample prompts)")
-    p.add_argument("--profile", action="store_true", help="synchronise the device around timed sections")
+    p.add_argument("--profile", action="store_true",
+                   help="split each row's forward time into attention, routing, shared expert, dense MLP, output "
+                        "head, planner, copies and expert GEMMs (ms per forward; the device is synchronised "
+                        "around timed sections)")
+    p.add_argument("--skip-resident", action="store_true",
+                   help="do not load full residency (a model larger than host memory): no ratio to full, "
+                        "tokens not compared")
     p.add_argument("--report-dir", default=None,
                    help="write report.json (rows and per-layer stats) here; the folder is created if its parent "
                         "exists (default: nowhere)")
@@ -90,8 +97,8 @@ class Row:
     bytes_per_token: float | None = None
     cpu_share: float | None = None
     policy_ms_per_forward: float | None = None
-    ratio_to_full: float = 1.0
-    same_tokens: bool = True
+    ratio_to_full: float | None = 1.0  # None: --skip-resident
+    same_tokens: bool | None = True  # None: --skip-resident (nothing to compare with)
     cpu_compute: str | None = None  # the mode this row ran with: hit rate and CPU share depend on it
     system: str | None = None  # the parts that ran (retention+prefetch+dispatch+allocation)
     # --device emulated: the live wall clock beside the replay of the same run (benchmark_replay.py)
@@ -99,6 +106,7 @@ class Row:
     measured_tpot_s: float | None = None
     replay_tpot_s: float | None = None
     replay: dict | None = None
+    profile: dict | None = None  # --profile: ms per forward per section (benchmark_profile.split)
 
 
 def encode_prompts(tok, prompts: list[str]):
@@ -117,6 +125,8 @@ class Measured:
     tokens_per_forward: float = 0.0
     tokens: int = 0
     seconds: float = 0.0  # wall time of the timed passes
+    forwards: int = 0  # denoising forwards of the timed passes
+    sections: object = None  # --profile: benchmark_profile.SectionTimes
 
 
 def generate_all(model, inputs, gen: dict):
@@ -149,6 +159,8 @@ def measure_round_robin(configs: list[Measured], inputs, args, runs: int, warmup
     for c in configs:
         if hasattr(c.model, "reset_offload_stats"):
             c.model.reset_offload_stats()
+        if c.sections is not None:
+            c.sections.reset()
     iterations = {c.name: 0 for c in configs}
     for r in range(runs):
         for i in range(len(configs)):
@@ -160,6 +172,7 @@ def measure_round_robin(configs: list[Measured], inputs, args, runs: int, warmup
             iterations[c.name] += its
             tick()
     for c in configs:
+        c.forwards = iterations[c.name]
         c.tokens_per_forward = c.tokens / max(iterations[c.name], 1)
 
 
@@ -172,7 +185,7 @@ def paired_ratio(a: list[float], b: list[float]) -> float:
     return statistics.median(x / y for x, y in zip(a, b))
 
 
-def offload_row(c: Measured, reference, full: Measured) -> Row:
+def offload_row(c: Measured, reference, full: Measured | None) -> Row:
     import torch
 
     model = c.model
@@ -186,9 +199,9 @@ def offload_row(c: Measured, reference, full: Measured) -> Row:
         bytes_per_token=total["bytes_copied"] / max(c.tokens, 1),
         cpu_share=total["cpu_expert_tokens"] / max(expert_tokens, 1),
         policy_ms_per_forward=1e3 * total["policy_seconds"] / max(total["forwards"], 1),
-        ratio_to_full=paired_ratio(c.tpot, full.tpot), cpu_compute=stats["cpu_compute"],
-        system=model._offload_runtime.controller.system.parts,
-        same_tokens=all(torch.equal(a, b) for a, b in zip(c.outputs, reference)),
+        ratio_to_full=paired_ratio(c.tpot, full.tpot) if full is not None else None,
+        cpu_compute=stats["cpu_compute"], system=model._offload_runtime.controller.system.parts,
+        same_tokens=None if reference is None else all(torch.equal(a, b) for a, b in zip(c.outputs, reference)),
     )
 
 
@@ -255,8 +268,11 @@ def benchmark(args: argparse.Namespace) -> int:
         load["dtype"] = getattr(torch, args.dtype)
     tok = load_tokenizer(path)
     inputs = encode_prompts(tok, args.prompt or DEFAULT_PROMPTS)
-    full = Measured("full residency", AutoModelForCausalLM.from_pretrained(path, **load).eval())
-    configs = [full]
+    configs = []
+    full = None
+    if not args.skip_resident:
+        full = Measured("full residency", AutoModelForCausalLM.from_pretrained(path, **load).eval())
+        configs.append(full)
     if args.loop_reference:
         loop = AutoModelForCausalLM.from_pretrained(path, **load).eval()
         for block in loop.moe_blocks():
@@ -271,11 +287,16 @@ def benchmark(args: argparse.Namespace) -> int:
             model._offload_runtime.profile = args.profile
             label = budget_label(budget, model.offload_stats()["slots_per_layer"])
             configs.append(Measured(f"{name} @ {label}", model))
+    if args.profile:
+        from .benchmark_profile import attach
+
+        for c in configs:
+            c.sections = attach(c.model)
     bar = progress(total=len(configs) * (args.warmup_runs + args.runs), desc="benchmark", unit="pass",
                    quiet=args.quiet)
     measure_round_robin(configs, inputs, args, args.runs, args.warmup_runs, bar.update)
     bar.close()
-    reference = full.outputs
+    reference = full.outputs if full is not None else None
     rows, details = [], {}
     for c in configs:
         if getattr(c.model, "_offload_runtime", None) is not None:
@@ -293,6 +314,12 @@ def benchmark(args: argparse.Namespace) -> int:
             rows.append(Row(c.name, statistics.median(c.tpot) * 1e3, c.tokens_per_forward, spread(c.tpot) * 1e3,
                             ratio_to_full=paired_ratio(c.tpot, full.tpot),
                             same_tokens=all(torch.equal(a, b) for a, b in zip(c.outputs, reference))))
+        if c.sections is not None:
+            from .benchmark_profile import split
+
+            rt = getattr(c.model, "_offload_runtime", None)
+            timers = {} if rt is None else {k: float(v.sum()) for k, v in rt.timing.items()}
+            rows[-1] = dataclasses.replace(rows[-1], profile=split(c.sections, timers, c.seconds, c.forwards))
     report = {"model": str(path), "device": device, "gen_length": args.gen_length,
               "block_length": args.block_length, "runs": args.runs, "order": "round-robin",
               "rows": [asdict(r) for r in rows]}
@@ -305,8 +332,9 @@ def benchmark(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
     else:
         notes = sorted({cpu_compute_note(d) for d in details.values()})
-        print("\n".join([format_rows(rows), *(f"offloaded rows: {n}" for n in notes)]))
-    return 0 if all(r.same_tokens for r in rows) else 1
+        profiles = [format_split(r.config, r.profile) for r in rows if r.profile is not None]
+        print("\n".join([format_rows(rows), *(f"offloaded rows: {n}" for n in notes), *profiles]))
+    return 0 if all(r.same_tokens is not False for r in rows) else 1
 
 
 def write_report(folder: Path, report: dict) -> Path:
@@ -336,7 +364,8 @@ def format_rows(rows: list[Row]) -> str:
                        fmt(r.tokens_per_forward, ".2f"),
                        fmt(r.hit_rate, ".3f"),
                        fmt(r.bytes_per_token, ",.0f"), fmt(r.cpu_share, ".3f"), fmt(r.policy_ms_per_forward, ".3f"),
-                       f"{r.ratio_to_full:.2f}", "yes" if r.same_tokens else "NO"] for r in rows]
+                       fmt(r.ratio_to_full, ".2f"), {True: "yes", False: "NO", None: "-"}[r.same_tokens]]
+                      for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
              for row in table]
