@@ -14,6 +14,13 @@ time, time per generated token, the cache's hit rate, peak RSS (``ru_maxrss``; t
 file-backed parts at the end, ``/proc/self/status``: file-backed pages are the mapped shards, page cache
 the kernel can drop) and bytes read from disk per token (``/proc/self/io`` ``read_bytes``).
 
+``--store pinned`` loads the experts into one pinned host buffer instead (a ``--layers`` variant that
+fits in RAM): each row then gives the ratio of its peak RSS to the bytes it must hold (expert store +
+non-expert weights + expert cache), which shows whether the load made a second host copy.
+
+HybriMoE runs as ``score+cpu+uniform``: its retention and dispatch; its prefetch part (``gate-capped``)
+reads the next layer's predicted routes, which only a recorded trace holds, so it runs in replay only.
+
 Random weights route nearly uniformly, so a cache of a fraction R of the experts hits about R of the
 routes whatever the policy: retention has little to hold on to here, unlike a trained model's routing.
 """
@@ -35,6 +42,15 @@ if str(ROOT) not in sys.path:  # run from a clone without installing
     sys.path.insert(0, str(ROOT))
 
 PROMPT = "Explain why the sky is blue in one short paragraph."
+
+
+SYSTEMS = {"hybrimoe": "score+cpu+uniform"}  # live spellings of presets whose prefetch runs in replay only
+
+
+def write_whole(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def read_bytes() -> int:
@@ -65,7 +81,8 @@ def worker(spec: dict) -> dict:
     t0 = time.perf_counter()
     kwargs = {}
     if spec["system"] != "resident":
-        kwargs["offload_config"] = OffloadConfig(cache_ratio=spec["ratio"], system=spec["system"])
+        kwargs["offload_config"] = OffloadConfig(cache_ratio=spec["ratio"], system=SYSTEMS.get(spec["system"],
+                                                 spec["system"]), store=spec.get("store", "auto"))
     model = AutoModelForCausalLM.from_pretrained(spec["dir"], **kwargs).eval()
     load_s = time.perf_counter() - t0
     rss_load = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
@@ -77,13 +94,28 @@ def worker(spec: dict) -> dict:
     new = out[0, ids["input_ids"].shape[1]:].tolist()
     rt = getattr(model, "_offload_runtime", None)
     stats = rt.controller.stats if rt is not None else None
+    held = held_bytes(model, rt)
     return dict(spec, load_s=load_s, gen_s=gen_s, s_per_token=gen_s / max(len(new), 1), tokens=new,
                 hit_rate=stats.hit_rate if stats is not None else 1.0,
                 store=rt.store.mode if rt is not None else "resident",
                 peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, rss_after_load_gib=rss_load,
                 read_gib_load=(before - start_read) / 2**30,
                 read_mib_per_token=(read_bytes() - before) / 2**20 / max(len(new), 1),
-                oled_hf=oled_hf.__version__, **{k.lower(): v for k, v in rss_parts().items()})
+                oled_hf=oled_hf.__version__, **held, **{k.lower(): v for k, v in rss_parts().items()})
+
+
+def held_bytes(model, rt) -> dict[str, float]:
+    """GiB the process must hold: the model's own weights (offloaded: all but the routed experts), the
+    expert store's host copy (0 when mapped: the shards' pages are the kernel's), the expert cache."""
+    tensors = [*model.parameters(), *model.buffers()]
+    nonexpert = sum(t.numel() * t.element_size() for t in tensors if t.device.type != "meta")
+    store = cache = 0
+    if rt is not None:
+        store = rt.store.host_bytes() if rt.store.mode == "pinned" else 0
+        cache = rt.cache.total_slots * rt.store.expert_bytes if hasattr(rt.cache, "total_slots") else 0
+    got = dict(weights_gib=nonexpert / 2**30, store_gib=store / 2**30, cache_gib=cache / 2**30)
+    got["held_gib"] = sum(got.values())
+    return got
 
 
 def run_sub(args: list[str], env: dict) -> dict:
@@ -106,7 +138,7 @@ def write_folder(folder: Path) -> dict:
 
 def table(results: list[dict]) -> str:
     head = ["system", "cache", "store", "load s", "s / token", "hit rate", "peak RSS GiB", "anon GiB",
-            "file-backed GiB", "disk MiB / token", "tokens = resident"]
+            "file-backed GiB", "disk MiB / token", "held GiB", "peak / held", "tokens = resident"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     by: dict[tuple, list[dict]] = {}
     for r in results:
@@ -125,7 +157,8 @@ def table(results: list[dict]) -> str:
         same = "-" if ref is None or system == "resident" else ("yes" if all(r["tokens"] == ref for r in ok) else "NO")
         rows.append(f"| {system} | {'all' if system == 'resident' else f'{ratio:g}'} | {ok[0]['store']} | "
                     f"{med('load_s')} | {med('s_per_token')} | {med('hit_rate')} | {med('peak_rss_gib')} | "
-                    f"{med('rssanon')} | {med('rssfile')} | {med('read_mib_per_token')} | {same} |")
+                    f"{med('rssanon')} | {med('rssfile')} | {med('read_mib_per_token')} | {med('held_gib')} | "
+                    f"{statistics.median(r['peak_rss_gib'] / r['held_gib'] for r in ok):.2f} | {same} |")
     return "\n".join(rows)
 
 
@@ -155,10 +188,15 @@ def plot(results: list[dict], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dir", type=Path, required=True, help="the real-size folder (written first if absent)")
-    p.add_argument("--out", type=Path, required=True, help="Markdown of the figures (written whole)")
+    p.add_argument("--out", type=Path, required=True,
+                   help="Markdown of the figures (written whole; its .json beside it holds every run)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out, its .json and --png")
+    p.add_argument("--store", default="auto", choices=["auto", "pinned", "mmap"],
+                   help="the expert store of every offloaded row (default auto: mmap when pinned would not fit)")
     p.add_argument("--png", type=Path, default=None)
     p.add_argument("--ratios", nargs="+", type=float, default=[0.1, 0.25, 0.4])
-    p.add_argument("--systems", nargs="+", default=["oled", "lru-full"])
+    p.add_argument("--systems", nargs="+", default=["oled", "lru-full", "hybrimoe"],
+                   help="systems (presets or parts); hybrimoe runs without its replay-only prefetch")
     p.add_argument("--resident", action="store_true", help="also load resident (refused where it cannot fit)")
     p.add_argument("--reps", type=int, default=1)
     p.add_argument("--new-tokens", type=int, default=32)
@@ -178,6 +216,11 @@ def main(argv: list[str] | None = None) -> int:
     if bad or args.reps < 1 or args.steps < 1 or args.new_tokens < 1:
         print("real_size: --ratios must be in (0, 1], --reps, --steps and --new-tokens at least 1", file=sys.stderr)
         return 2
+    outputs = [args.out, args.out.with_suffix(".json"), *([args.png] if args.png else [])]
+    existing = [str(f) for f in outputs if f.exists()]
+    if existing and not args.overwrite:
+        print(f"real_size: {existing[0]} exists: pass --overwrite to replace it", file=sys.stderr)
+        return 2
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     head = {}
     if not (args.dir / "model.safetensors.index.json").is_file():
@@ -196,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         order = specs[rep % len(specs):] + specs[:rep % len(specs)]
         for spec in order:
             spec = dict(spec, dir=str(args.dir), new_tokens=args.new_tokens, block_length=args.block_length,
-                        steps=args.steps, threads=args.threads)
+                        steps=args.steps, threads=args.threads, store=args.store)
             r = run_sub(["--dir", str(args.dir), "--out", str(args.out), "--worker", json.dumps(spec)], env)
             r = dict(spec, **r)
             results.append(r)
@@ -214,10 +257,8 @@ def main(argv: list[str] | None = None) -> int:
         lines += [f"Write: {head['write_gib']:.1f} GiB in {head['write_s']:.0f} s ({rate:.2f} GiB/s), "
                   f"peak RSS {head['write_peak_rss_gib']:.2f} GiB.", ""]
     lines += [table(results), ""]
-    tmp = args.out.with_name(f".{args.out.name}.tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    os.replace(tmp, args.out)
-    (args.out.with_suffix(".json")).write_text(json.dumps(results))
+    write_whole(args.out, "\n".join(lines) + "\n")
+    write_whole(args.out.with_suffix(".json"), json.dumps(results))
     if args.png:
         plot(results, args.png)
     print("\n".join(lines))
