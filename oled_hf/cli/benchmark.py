@@ -48,6 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--block-length", type=int, default=32, help="diffusion block length")
     p.add_argument("--threshold", type=float, default=None,
                    help="confidence threshold to commit a token (default: the checkpoint's generation_config)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="denoising steps per block (default: the checkpoint's generation_config)")
     add_budget_arguments(p, several_sizes=True, default="none; one budget flag is required")
     p.add_argument("--system", nargs="+", default=None, metavar="SYSTEM",
                    help="composed systems to measure (OffloadConfig.system): RETENTION[+DISPATCH][+ALLOCATION], "
@@ -152,6 +154,8 @@ def measure_round_robin(configs: list[Measured], inputs, args, runs: int, warmup
     gen = dict(max_new_tokens=args.gen_length, block_length=args.block_length, return_dict_in_generate=True)
     if args.threshold is not None:
         gen["threshold"] = args.threshold
+    if args.steps is not None:
+        gen["steps"] = args.steps
     for _ in range(warmup):
         for c in configs:
             generate_all(c.model, inputs, gen)
@@ -243,6 +247,8 @@ def benchmark(args: argparse.Namespace) -> int:
     from ..modeling.experts import LOOP_EXECUTOR
     from ..offload.config import OffloadConfig
 
+    if args.steps is not None and args.steps < 1:
+        raise ValueError(f"--steps must be at least 1, got {args.steps}")
     budgets = budget_choices(args)
     if not budgets:
         raise ValueError("give a budget to compare: --cache-size N [N ...] (slots per MoE layer), --cache-ratio R "

@@ -50,3 +50,8 @@ def test_benchmark_profile_without_resident(tiny_path, capsys):
         assert profile[key] >= 0
     assert profile["attention"] > 0 and profile["experts_cached"] > 0
     assert sum(v for k, v in profile.items() if k not in ("total", "experts_host")) == pytest.approx(profile["total"])
+
+
+def test_benchmark_steps_must_be_positive(tiny_path, capsys):
+    assert main(["benchmark", "--model", str(tiny_path), "--cache-size", "8", "--steps", "0"]) == 2
+    assert "--steps must be at least 1" in capsys.readouterr().err
