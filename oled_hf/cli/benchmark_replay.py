@@ -70,7 +70,7 @@ def replay_measured(c: Any, trace_path: Path, warmup_sequences: int) -> dict[str
     return {
         "measured_tpot_s": c.seconds / tokens, "measured_tpot_median_s": statistics.median(c.tpot),
         "replay_tpot_s": sim, "replay_over_measured": sim * tokens / c.seconds if c.seconds else None,
-        "replay_tpot_compute_at_load_s": at_load.sim_time_s / tokens,
+        "replay_tpot_compute_at_load_s": at_load.sim_time_s / tokens, "tokens": c.tokens,
         "decomposition": {
             "nonexpert_s": nonexpert * layer_forwards / tokens, **per_token,
             "replay_planner_s": result.planner_time_s / tokens, "replay_compute_s": result.compute_s / tokens,
