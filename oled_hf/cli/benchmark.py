@@ -111,6 +111,20 @@ class Row:
     profile: dict | None = None  # --profile: ms per forward per section (benchmark_profile.split)
 
 
+def default_prompts(path: Path) -> list[str]:
+    """The prompts decoded without ``--prompt``: a trained toy's held-out task questions, else the sample prompts.
+
+    The long-answer toys answer only their tasks: a chat prompt gets EOS at once, so a benchmark of
+    it would time a prefill and one token per prompt.
+    """
+    from ..toy.long import REPORT_NAME, load_mix
+    from ..toy.long.tasks import heldout_problems
+
+    if not (Path(path) / REPORT_NAME).is_file():
+        return DEFAULT_PROMPTS
+    return [p.question for spec in load_mix(path) for p in heldout_problems(spec, 1)]
+
+
 def encode_prompts(tok, prompts: list[str]):
     return [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                     return_tensors="pt", return_dict=True) for p in prompts]
@@ -273,7 +287,7 @@ def benchmark(args: argparse.Namespace) -> int:
     if args.dtype:
         load["dtype"] = getattr(torch, args.dtype)
     tok = load_tokenizer(path)
-    inputs = encode_prompts(tok, args.prompt or DEFAULT_PROMPTS)
+    inputs = encode_prompts(tok, args.prompt or default_prompts(path))
     configs = []
     full = None
     if not args.skip_resident:

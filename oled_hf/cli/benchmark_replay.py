@@ -26,33 +26,61 @@ from pathlib import Path
 from typing import Any
 
 
+def scaled_compute(cm: Any, scale: float) -> Any:
+    """``cm`` with every expert-compute term (device and CPU) times ``scale``; copies untouched."""
+    names = ("gpu_expert_fixed_s", "gpu_s_per_token", "gpu_layer_fixed_s", "cpu_expert_fixed_s", "cpu_s_per_token",
+             "cpu_overhead_s")
+    return dataclasses.replace(cm, **{n: getattr(cm, n) * scale for n in names})
+
+
 def replay_measured(c: Any, trace_path: Path, warmup_sequences: int) -> dict[str, Any]:
     """``measured_tpot_s``, ``replay_tpot_s`` and their decomposition for one offloaded row ``c`` (``Measured``)."""
     from ..offload.runtime import TIMERS
     from ..offload.trace import load_trace
     from ..sim.replay import replay
+    from ..sim.timeline import HostTiming
 
     rt = c.model._offload_runtime
+    device = rt.cache.backend
     stats = c.model.offload_stats()
     forwards = max(int(stats["total"]["forwards"]), 1)
     layer_forwards = forwards * rt.num_layers
     executor_s = {name: float(rt.timing[name].sum()) for name in TIMERS}
     nonexpert = max(c.seconds - sum(executor_s.values()), 0.0) / layer_forwards
+    copies = stats["total"]["bytes_copied"] // max(rt.store.expert_bytes, 1) + stats["prefetches"]
+    host = HostTiming(issue_s=executor_s["copy"] / max(copies, 1), wake_s=float(getattr(device, "wake_s", 0.0)))
+    trace = load_trace(str(trace_path))
+
+    def run(cm: Any) -> Any:
+        return replay(trace, c.name, None, offload_config=rt.config, system=rt.controller.system, cost_model=cm,
+                      believed=rt.cost_model, prefetch_budget="planned", warmup_sequences=warmup_sequences,
+                      host_timing=host)
+
     timing = dataclasses.replace(rt.cost_model, nonexpert_s_per_layer=nonexpert)
-    result = replay(load_trace(str(trace_path)), c.name, None, offload_config=rt.config,
-                    system=rt.controller.system, cost_model=timing, believed=rt.cost_model,
-                    prefetch_budget="planned", warmup_sequences=warmup_sequences)
+    at_load = run(timing)
+    # the expert compute as this run measured it (the executors' host time, copy waits excluded) over
+    # what the load-time calibration predicts for the same accesses: the replay's compute is scaled by
+    # it, so the replay is left to predict what it models, the copy waits and their order
+    live_compute = executor_s["gpu"] + executor_s["cpu"]
+    scale = live_compute / at_load.compute_s if at_load.compute_s > 0 else 1.0
+    result = run(scaled_compute(timing, scale))
     tokens = max(c.tokens, 1)
-    measured = statistics.median(c.tpot)
     sim = result.sim_time_s / tokens
     per_token = {f"live_{k}_s": v / tokens for k, v in executor_s.items()}
     return {
-        "measured_tpot_s": c.seconds / tokens, "measured_tpot_median_s": measured, "replay_tpot_s": sim,
-        "replay_over_measured": sim * tokens / c.seconds if c.seconds else None,
+        "measured_tpot_s": c.seconds / tokens, "measured_tpot_median_s": statistics.median(c.tpot),
+        "replay_tpot_s": sim, "replay_over_measured": sim * tokens / c.seconds if c.seconds else None,
+        "replay_tpot_compute_at_load_s": at_load.sim_time_s / tokens, "tokens": c.tokens,
         "decomposition": {
             "nonexpert_s": nonexpert * layer_forwards / tokens, **per_token,
-            "replay_planner_s": result.planner_time_s / tokens, "replay_exposed_copy_s": result.exposed_copy_s / tokens,
+            "replay_planner_s": result.planner_time_s / tokens, "replay_compute_s": result.compute_s / tokens,
+            "replay_exposed_copy_s": result.exposed_copy_s / tokens,
+            "replay_issue_s": host.issue_s * (result.copies + result.prefetch_issued) / tokens,
+            "compute_in_run_over_at_load": scale,
+            "replay_blocking_waits": result.blocking_waits, "live_blocking_waits": getattr(device, "blocking_waits", 0),
+            "wake_s_per_wait": host.wake_s,
             "replay_hits": result.hits, "live_hits": stats["total"]["hits"],
+            "replay_copies": result.copies, "live_copies": copies - stats["prefetches"],
             "replay_prefetches": result.prefetch_issued, "live_prefetches": stats["prefetches"],
             "link_seconds_per_copy": rt.cost_model.copy_time(),
         },

@@ -142,22 +142,27 @@ class EmulatedEvent:
 
     def synchronize(self) -> None:
         job = self.job
-        if job is not None and not self._done.is_set():
-            job.device.promote(job)  # someone needs it now: it no longer yields to demand copies
+        if job is None or self._done.is_set():
+            return
+        job.device.promote(job)  # someone needs it now: it no longer yields to demand copies
         self._done.wait()
+        if job.state == "done":  # the host blocked: how late it saw the copy land (timer slack, wake-up)
+            job.device.saw_late(time.perf_counter() - job.lands)
 
     def elapsed_time(self, end: EmulatedEvent) -> float:  # live_timing reads only CUDA timing events
         raise RuntimeError("emulated events carry no timing")
 
 
 class _Job:
-    __slots__ = ("device", "fill", "nbytes", "after", "event", "state", "key")
+    __slots__ = ("device", "fill", "nbytes", "after", "event", "state", "key", "issued", "lands")
 
     def __init__(self, device: EmulatedDevice, fill, nbytes: int, after: list[Any]) -> None:
         self.device, self.fill, self.nbytes, self.after = device, fill, nbytes, list(after)
         self.event = EmulatedEvent(self)
         self.state = "queued"  # -> "running" -> "done" | "cancelled" | "failed"
         self.key: tuple[int, int] = (0, 0)
+        self.issued = time.perf_counter()  # when the host issued it: the link cannot start it earlier
+        self.lands = self.issued  # when the link finishes it (set when it starts)
 
 
 class EmulatedDevice(SyncDevice):
@@ -178,6 +183,11 @@ class EmulatedDevice(SyncDevice):
         self.copies = self.cancelled = 0
         self.failures: list[str] = []
         self.busy_s = 0.0  # link time charged (what the copies took on the emulated link)
+        # blocking waits for a landed copy and how late, in all, their hosts saw it land (the
+        # worker's sleep overshoots, then the waiting thread wakes): what a replay of a run on
+        # this device charges per wait (``oled_hf.sim.timeline.HostTimeline``)
+        self.blocking_waits = 0
+        self.late_s = 0.0
         self._queue: list[tuple[int, int, _Job]] = []
         self._seq = itertools.count()
         self._cv = threading.Condition()
@@ -226,6 +236,16 @@ class EmulatedDevice(SyncDevice):
                 heapq.heappush(self._queue, (*job.key, job))  # the old entry is skipped by its key
                 self._cv.notify()
 
+    def saw_late(self, seconds: float) -> None:
+        with self._cv:
+            self.blocking_waits += 1
+            self.late_s += max(seconds, 0.0)
+
+    @property
+    def wake_s(self) -> float:
+        """Mean lateness of a blocking wait (0 before any): the copy landed, the host went on this much later."""
+        return self.late_s / self.blocking_waits if self.blocking_waits else 0.0
+
     def compute_event(self) -> Any:
         return None  # compute is synchronous: it has finished when the host goes on
 
@@ -259,11 +279,19 @@ class EmulatedDevice(SyncDevice):
 
     def _run(self) -> None:
         while (job := self._next()) is not None:
+            start = max(self._link_free, job.issued)
             for event in job.after:  # a copy into a slot waits for the earlier copy into it
                 event.synchronize()
-            now = time.perf_counter()
+                earlier = getattr(event, "job", None)
+                if earlier is not None:
+                    start = max(start, earlier.lands)
             cost = self.copy_seconds(job.nbytes)
-            self._link_free = max(self._link_free, now) + cost  # back to back copies keep the link's pace
+            # The link's own schedule: a copy starts when the link is free, it was issued and the copy
+            # it follows has landed, not when this thread woke up. A sleep overshoots by tens of us
+            # (the timer's slack); charged to the next copy's start it would accumulate over back to
+            # back copies and slow the link below its bandwidth. Overshoot delays only when the host
+            # sees a copy land, never the link's pace.
+            self._link_free = job.lands = start + cost
             self.busy_s += cost
             wait = self._link_free - time.perf_counter()
             if wait > 0:

@@ -56,7 +56,9 @@ from .dispatch import resolve_cpu_compute
 from .executor import OffloadedExpertsExecutor, make_cpu_pool
 from .store import ExpertStore
 
-TIMERS = ("policy", "copy", "gpu", "cpu", "cpu_wait")
+# host seconds per layer: planning, issuing copies, expert compute (copy waits excluded), CPU experts,
+# waiting for the CPU pool's result, blocking on copies in flight (the emulated device; ~0 on CUDA)
+TIMERS = ("policy", "copy", "gpu", "cpu", "cpu_wait", "copy_wait")
 
 
 class _Serialised:
@@ -293,6 +295,9 @@ class OffloadRuntime(IterationObserver):
             self.routing_transfers[:] = 0
             self.prefetches[:] = 0
             self.forwards = 0
+            backend = self.cache.backend
+            if hasattr(backend, "blocking_waits"):  # the emulated device's wait counters
+                backend.blocking_waits, backend.late_s = 0, 0.0
             self._take_snapshot()
 
 

@@ -55,7 +55,7 @@ from oled_hf.offload.system import (
 
 from ..offload.trace import OP_BLOCK_END, OP_EVENT, OP_FORWARD, Trace
 from .belady import belady_global, belady_min
-from .timeline import Timeline
+from .timeline import HostTimeline, HostTiming, Timeline
 
 _COUNTED = ("hits", "misses", "evictions", "copies", "bytes_copied", "cpu_expert_tokens", "gpu_expert_tokens",
             "dead_on_arrival", "accesses")
@@ -83,6 +83,8 @@ class ReplayResult:
     loop_time_s: float = 0.0  # per-expert-loop resident reference
     forwards: int = 0
     planner_time_s: float = 0.0  # host planner time on the simulated timeline
+    compute_s: float = 0.0  # expert compute charged (GPU experts and CPU batches)
+    blocking_waits: int = 0  # with host timing (one host thread): waves that waited for a copy
     exposed_copy_s: float = 0.0  # time layers waited for copies beyond their compute
     prefetch_issued: int = 0  # experts copied ahead by a prefetcher
     prefetch_used: int = 0  # ... hit at least once before eviction
@@ -194,6 +196,53 @@ def _build(trace: Trace, config: OffloadConfig, system: System | None, cm: CostM
     return build_controller(config, system, L, E, cm, believed)
 
 
+def _moved(tl: Timeline, ready: np.ndarray) -> None:
+    """Prefetches a demand copy overtook land later: their new landing times."""
+    if tl.moved:
+        for (ml, me), land in tl.moved.items():
+            ready[ml, me] = land
+        tl.moved.clear()
+
+
+def _host_access(tl: HostTimeline, cm: CostModel, plan: Any, ready: np.ndarray, layer: int,
+                 prefetch: Any) -> tuple[float, float]:
+    """One planned layer access in the live executor's order on one host thread; (exposed wait, compute).
+
+    After the plan: the CPU experts inline (the emulated device computes them on the host, before
+    any copy), the first copy wave issued unless it refills the hits' slots, the prefetch decision
+    and its copies, then each wave (``plan_waves``: hits, then copies) computed as one grouped call
+    once its copies have landed, a later copy wave issued just before it, then the reuse copies.
+    """
+    from oled_hf.offload.executor import plan_waves  # the executor's own waves (it imports torch)
+
+    counts = plan.counts
+    compute = 0.0
+    if plan.cpu:
+        compute += cm.cpu_batch_time(counts[plan.cpu])
+        tl.host(tl.host_free, compute)
+    waves = plan_waves(plan)
+    first = next((w for w in waves if w.copies), None)
+    issued = None
+    if first is not None and (waves[0].copies or not np.isin(first.slots, waves[0].slots).any()):
+        ready[layer, first.experts] = tl.issue(first.experts.size)
+        _moved(tl, ready)
+        issued = first
+    if prefetch is not None:
+        prefetch()
+    exposed = 0.0
+    for wave in waves:
+        if wave.copies and wave is not issued:
+            ready[layer, wave.experts] = tl.issue(wave.experts.size)
+            _moved(tl, ready)
+        seconds = cm.gpu_layer_fixed_s + float(cm.gpu_times(counts[wave.experts]).sum())
+        compute += seconds
+        exposed += tl.compute(ready[layer, wave.experts], seconds)
+    if plan.background:
+        ready[layer, [c[0] for c in plan.background]] = tl.issue(len(plan.background))
+        _moved(tl, ready)
+    return exposed, compute
+
+
 def split_calibration(system: System | None) -> tuple[System | None, CalibrationSettings | None]:
     """The system without its calibration knobs, and the calibration they ask for (None: off).
 
@@ -237,6 +286,7 @@ def replay(
     measure_sigma: float = 0.1,
     measure_seed: int = 0,
     prefetch_budget: str = "timeline",
+    host_timing: HostTiming | None = None,
 ) -> ReplayResult:
     """Run the trace through a fresh controller. Explicit arguments override ``offload_config``.
 
@@ -255,6 +305,10 @@ def replay(
     ``prefetch_budget``: how a capped prefetcher's budget is measured: ``"timeline"`` on this
     replay's copy engine, ``"planned"`` from the controller's cost model and the plan alone
     (``idle_copy_budget``), as a live ``generate`` decides, so that replay reproduces its decisions.
+    ``host_timing``: time the run as the emulated device runs it (:class:`HostTimeline`: one host
+    thread for the non-expert part, planning, compute and waits, the copy engine beside it, one
+    grouped call per wave of experts as the live executor makes them); the decisions are the same.
+    With it a capped prefetcher's budget is always ``"planned"``'s (the live executor's).
     """
     if prefetch_budget not in ("timeline", "planned"):
         raise ValueError(f"prefetch_budget={prefetch_budget!r} is invalid: must be 'timeline' or 'planned'")
@@ -292,11 +346,13 @@ def replay(
                          "record a version-2 trace (oled-moe trace record writes them)")
     measured = planner_s is None
     clock = time.perf_counter
-    tl = Timeline(cm.copy_time(), demand_first=prefetcher is not None and prefetcher.demand_first)
+    serial = host_timing is not None
+    tl = HostTimeline(cm.copy_time(), demand_first=True, timing=host_timing) if serial else \
+        Timeline(cm.copy_time(), demand_first=prefetcher is not None and prefetcher.demand_first)
     shared = cm.host_dram_bytes_per_s > 0 and cm.cpu_shared_fixed_s > cm.cpu_expert_fixed_s
     ready = np.zeros((L, E))  # when each resident expert's weights are on the device
     book = _PrefetchBook(L, E)
-    full = loop = planner_total = exposed = 0.0
+    full = loop = planner_total = exposed = compute = 0.0
     slot_accesses = forwards = 0
     nonexpert = cm.nonexpert_s_per_layer
     fwd_seq = trace.arrays["fwd_seq"]
@@ -304,6 +360,51 @@ def replay(
     base: dict[str, Any] | None = None if warmup_sequences > 0 else {}
     committed = 0
     ev_off, ev_com = trace.arrays["ev_offsets"], trace.arrays["ev_committed"]
+    pred_ids = None
+    pf_last = [0.0]  # the host time of the last prefetch decision made inside a host-timed access
+
+    def prefetch_step(l: int, plan: Any, lt: Any, plan_ready: float = 0.0) -> float:
+        """The prefetch decision for layer l+1 and its copies; returns its host seconds.
+
+        On the GPU timeline it runs on the host right after the plan (``plan_ready``); on the
+        host timeline (``lt`` None) where the live executor makes it, after the first copy wave.
+        """
+        if prefetcher is None or l + 1 >= L:
+            return 0.0
+        t0 = clock()
+        pc = None
+        if pred_ids is not None:
+            pr = pred_ids[l + 1]
+            pc = np.bincount(pr[pr >= 0].reshape(-1).astype(np.int64), minlength=E)
+        budget = None
+        if prefetcher.capped and (prefetch_budget == "planned" or lt is None):  # as the live executor decides
+            budget = idle_copy_budget(ctrl.believed, plan)
+        elif prefetcher.capped:
+            # predicted benefit: a prefetch pays only if its copy starts before layer l+1 plans
+            # (where its demand copy would start); later ones would be overtaken anyway
+            window = lt.end + nonexpert - max(tl.copy_free, plan_ready)
+            budget = max(math.ceil(window / cm.copy_time()), 0)
+        pf = ctrl.prefetch(l + 1, budget, pc)
+        pf_host = clock() - t0 if measured else 0.0
+        if lt is None:
+            pf_last[0] = pf_host
+            tl.host(tl.host_free, pf_host)
+        if pf:
+            for _, _, ev in pf:
+                book.evicted(l + 1, ev)
+            keys = [(l + 1, c[0]) for c in pf]
+            if lt is None:
+                lands = tl.issue(len(pf), low=True, keys=keys)
+            else:
+                issue = tl.host(plan_ready, pf_host)  # decided on the host right after this plan
+                lands = tl.copies(len(pf), issue, low=True, keys=keys)
+            ready[l + 1, [c[0] for c in pf]] = lands
+            book.pending[l + 1, [c[0] for c in pf]] = True
+            book.issued += len(pf)
+        elif pf_host and lt is not None:
+            tl.host(plan_ready, pf_host)
+        return pf_host
+
     for op, idx in trace.ops():
         if op == OP_FORWARD:
             seq = int(fwd_seq[idx])
@@ -313,6 +414,7 @@ def replay(
                     book.pending[:] = False  # a warm-up prefetch hit later is neither issued nor used in the timed part
                     base = {"stats": {k: ctrl.stats.total(k) for k in _COUNTED}, "full": full, "loop": loop,
                             "planner": planner_total, "exposed": exposed, "slots": slot_accesses,
+                            "compute": compute, "waits": tl.waits if serial else 0,
                             "forwards": forwards, "t0": max(tl.gpu_free, tl.host_free), "committed": committed,
                             "pf": (book.issued, book.used, book.wasted)}
             forwards += 1
@@ -328,10 +430,23 @@ def replay(
                 for _, _, ev in plan.copies:
                     book.evicted(l, ev)
                 slot_accesses += ctrl.capacities[l]
-                pf_host = 0.0
                 host = host if measured else float(planner_s)
                 gpu_e = plan.hits + [c[0] for c in plan.copies]
                 start, plan_ready = tl.begin_layer(nonexpert, host)
+                if serial:
+                    def prefetch_on_host(l=l, plan=plan) -> float:
+                        return prefetch_step(l, plan, None)
+                    if plan.background:
+                        for _, _, ev in plan.background:
+                            book.evicted(l, ev)
+                    ex, cs = _host_access(tl, cm, plan, ready, l, prefetch_on_host if prefetcher is not None else None)
+                    exposed += ex
+                    compute += cs
+                    planner_total += host + pf_last[0]
+                    pf_last[0] = 0.0
+                    full += nonexpert + cm.fused_layer_time(counts)
+                    loop += nonexpert + cm.loop_layer_time(counts)
+                    continue
                 if plan.copies:
                     ready[l, [c[0] for c in plan.copies]] = tl.copies(len(plan.copies), plan_ready)
                     if tl.moved:
@@ -353,33 +468,9 @@ def replay(
                                        counts[plan.cpu] if plan.cpu else None,
                                        measured_s(cpu) if plan.cpu else None)
                 exposed += lt.exposed_copy_s
+                compute += float(g.sum()) + (cm.gpu_layer_fixed_s if g.size else 0.0) + cpu
                 # the prefetch decision for layer l+1 runs on the host right after this plan
-                if prefetcher is not None and l + 1 < L:
-                    t0 = clock()
-                    pc = None
-                    if pred_ids is not None:
-                        pr = pred_ids[l + 1]
-                        pc = np.bincount(pr[pr >= 0].reshape(-1).astype(np.int64), minlength=E)
-                    budget = None
-                    if prefetcher.capped and prefetch_budget == "planned":  # as the live executor decides
-                        budget = idle_copy_budget(ctrl.believed, plan)
-                    elif prefetcher.capped:
-                        # predicted benefit: a prefetch pays only if its copy starts before layer l+1 plans
-                        # (where its demand copy would start); later ones would be overtaken anyway
-                        window = lt.end + nonexpert - max(tl.copy_free, plan_ready)
-                        budget = max(math.ceil(window / cm.copy_time()), 0)
-                    pf = ctrl.prefetch(l + 1, budget, pc)
-                    pf_host += clock() - t0 if measured else 0.0
-                    if pf:
-                        for _, _, ev in pf:
-                            book.evicted(l + 1, ev)
-                        issue = tl.host(plan_ready, pf_host)  # decided on the host right after this plan
-                        keys = [(l + 1, c[0]) for c in pf]
-                        ready[l + 1, [c[0] for c in pf]] = tl.copies(len(pf), issue, low=True, keys=keys)
-                        book.pending[l + 1, [c[0] for c in pf]] = True
-                        book.issued += len(pf)
-                    elif pf_host:
-                        tl.host(plan_ready, pf_host)
+                pf_host = prefetch_step(l, plan, lt, plan_ready)
                 planner_total += host + pf_host
                 full += nonexpert + cm.fused_layer_time(counts)
                 loop += nonexpert + cm.loop_layer_time(counts)
@@ -420,6 +511,8 @@ def replay(
         sim_time_s=max(tl.gpu_free, tl.host_free) - base.get("t0", 0.0), full_time_s=full - base.get("full", 0.0),
         loop_time_s=loop - base.get("loop", 0.0), forwards=forwards - base.get("forwards", 0),
         planner_time_s=planner_total - base.get("planner", 0.0), exposed_copy_s=exposed - base.get("exposed", 0.0),
+        compute_s=compute - base.get("compute", 0.0),
+        blocking_waits=(tl.waits - base.get("waits", 0)) if serial else 0,
         prefetch_issued=book.issued - pf0[0], prefetch_used=book.used - pf0[1],
         prefetch_wasted=book.wasted - pf0[2], expert_bytes=cm.expert_bytes,
         slot_accesses=slot_accesses - base.get("slots", 0), kernel=cm.kernel, capacities=list(ctrl.capacities),

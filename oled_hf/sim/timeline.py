@@ -155,3 +155,54 @@ class Timeline:
         instant = max(g0 + total, cpu_end)
         self.gpu_free = end
         return LayerTiming(start, plan_ready, end, max(end - instant, 0.0))
+
+
+@dataclass(frozen=True)
+class HostTiming:
+    """What one host thread pays, beyond compute, on a device whose compute is the host's (the emulated one).
+
+    ``issue_s``: host seconds to issue one copy (the copy is queued; the link does the rest).
+    ``wake_s``: how long after a copy lands a host blocked on it goes on (the copy worker's sleep
+    overshoots, then the waiting thread wakes): the emulated device measures it
+    (``EmulatedDevice.wake_s``).
+    """
+
+    issue_s: float = 0.0
+    wake_s: float = 0.0
+
+
+@dataclass
+class HostTimeline(Timeline):
+    """The timeline of a run on the emulated device: one host thread, and the copy engine beside it.
+
+    There the non-expert part, the planner, the expert compute (the CPU's, synchronous) and every
+    wait for a copy run on one thread in program order; only the copy worker runs in parallel. So
+    host and "GPU" are one resource here (``host_free`` is ``gpu_free``), work is charged in the
+    executor's order (:meth:`issue` copies, then :meth:`compute` each wave of experts once all of
+    its copies have landed: one grouped call per wave), and a blocking wait costs ``wake_s`` more.
+    The copy engine is :class:`Timeline`'s, with demand copies first (the device's priority queue).
+    """
+
+    timing: HostTiming = field(default_factory=HostTiming)
+    waits: int = 0  # blocking waits (a wave whose last copy had not landed)
+
+    def host(self, ready_at: float, seconds: float) -> float:
+        self.host_free = self.gpu_free = max(self.host_free, ready_at) + seconds
+        return self.host_free
+
+    def issue(self, n: int, *, low: bool = False, keys: list[Any] | None = None) -> np.ndarray:
+        """Issue ``n`` copies now (the host pays ``issue_s`` each); their landing times."""
+        lands = self.copies(n, self.host_free, low=low, keys=keys)
+        self.host(self.host_free, n * self.timing.issue_s)
+        return lands
+
+    def compute(self, ready: np.ndarray, seconds: float) -> float:
+        """Wait for the wave's copies (``ready``: landing times), then compute it; returns the exposed wait."""
+        now = self.host_free
+        last = float(ready.max()) if ready.size else 0.0
+        exposed = 0.0
+        if last > now:
+            self.waits += 1
+            exposed = last + self.timing.wake_s - now
+        self.host(now + exposed, seconds)
+        return exposed
