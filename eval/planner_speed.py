@@ -46,7 +46,9 @@ from oled_hf.offload.system import spelling, system_of_legacy
 from oled_hf.offload.trace import OP_BLOCK_END, OP_BLOCK_START, OP_EVENT, OP_FORWARD, Trace, load_trace
 from oled_hf.sim.synthetic import synthetic_trace
 
-POLICIES = ("oled", "lru", "lfu", "static", "tide")
+POLICIES = ("oled", "lru", "lfu", "static", "tide", "adaptive")
+# not a legacy policy name: the system its rows time (three candidates shadowed per access)
+ADAPTIVE = "adaptive+cpu+reuse+adaptive"
 KINDS = ("plan", "on_iteration", "on_block_start", "on_block_end")
 BUDGET_US = 65.0  # small preset: 2 % of a ~23 ms resident forward, over its 7 MoE layers
 MINI_BUDGET_US = 50.0  # mini at 40 %: under 1 ms per 19-layer forward (a fused-resident H200 forward ~3.2 ms)
@@ -86,7 +88,8 @@ def run_once(work: Workload, policy: str, cpu_compute: str, digest: bool = False
     hdr = tr.header
     cm = CostModel.h200_pcie5(hdr.get("hidden_size", 512), hdr.get("moe_intermediate_size", 128),
                               hdr.get("dtype_bytes", 2))
-    ctrl = CacheController(OffloadConfig(cache_size=work.cache_size, system=spelling(system_of_legacy(policy)),
+    system = ADAPTIVE if policy == "adaptive" else spelling(system_of_legacy(policy))
+    ctrl = CacheController(OffloadConfig(cache_size=work.cache_size, system=system,
                                          cpu_compute=cpu_compute),
                            tr.num_layers, tr.num_experts, cm)
     spent = dict.fromkeys(KINDS, 0.0)

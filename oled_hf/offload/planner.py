@@ -156,6 +156,9 @@ class CacheState:
         if counts is None:
             counts = np.bincount(ids.reshape(-1), minlength=self.num_experts)
         total_tokens = ids.size  # = counts.sum(): each route is one token of one expert
+        shadow = getattr(policy, "before_plan", None)  # ``adaptive``: its candidates' shadow caches
+        if shadow is not None:
+            shadow(self, layer, ids, counts, dispatcher)
         prio = _float64(policy.priority_array(layer))
         adm = policy.admission(layer)
         cpu = dispatcher.cpu_enabled

@@ -171,3 +171,25 @@ def test_live_prefetch_decisions_equal_replay(tiny_path, tiny_tokenizer, tmp_pat
     assert (result.hits, result.misses, result.evictions) == (live["hits"], live["misses"], live["evictions"])
     assert result.bytes_copied == live["bytes_copied"] and result.cpu_expert_tokens == live["cpu_expert_tokens"]
     assert result.capacities == rt.controller.capacities
+
+
+@pytest.mark.parametrize("cpu", ["on", "off"])
+def test_adaptive_retention_replays_to_the_live_counts_and_keeps_tokens(tiny_path, tiny_tokenizer, tmp_path, cpu):
+    """``adaptive``: its shadow caches are planned inside the planner, so replay takes the live run's
+    decisions; and it only ranks, so the tokens are the resident model's."""
+    system = "adaptive+cpu+reuse+adaptive" if cpu == "on" else "adaptive+copy+adaptive"
+    path = tmp_path / "adaptive.trace"
+    config = OffloadConfig(cache_size=6, system=system, cpu_compute=cpu, record_trace=str(path))
+    model = OledLLaDA2ForDiffusionLM.from_pretrained(tiny_path, offload_config=config).eval()
+    resident = OledLLaDA2ForDiffusionLM.from_pretrained(tiny_path).eval()
+    for text in ("hello there", "tell me about the sea and the ships"):
+        ids = tiny_tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                 return_tensors="pt", return_dict=True)
+        out = model.generate(**ids, max_new_tokens=24, block_length=8, threshold=0.9)
+        assert torch.equal(out, resident.generate(**ids, max_new_tokens=24, block_length=8, threshold=0.9))
+    live = model.offload_stats()["total"]
+    trace = load_trace(str(path))
+    result = replay(trace, "adaptive", 6, cpu_compute=cpu, cost_model=model._offload_runtime.cost_model,
+                    system=system)
+    assert (result.hits, result.misses, result.evictions) == (live["hits"], live["misses"], live["evictions"])
+    assert result.bytes_copied == live["bytes_copied"] and result.cpu_expert_tokens == live["cpu_expert_tokens"]

@@ -1,6 +1,7 @@
 """Retention policies (one interface, ``base.CachePolicy``, one short file per policy) and the
 prefetch part (``prefetch.py``)."""
 
+from .adaptive import AdaptivePolicy
 from .base import CachePolicy, available_policies, make_policy
 from .horizon import HorizonPolicy
 from .lfu import LFUPolicy
@@ -17,6 +18,7 @@ from .tide import TidePolicy
 from .value import ValuePolicy
 
 __all__ = [
+    "AdaptivePolicy",
     "BeladyPolicy",
     "BeladyReusePolicy",
     "CachePolicy",

@@ -1,0 +1,80 @@
+"""``adaptive`` retention: knobs, equivalence with a single candidate, and convergence to the better one."""
+
+import numpy as np
+import pytest
+
+from oled_hf.offload.dispatch import Dispatcher
+from oled_hf.offload.planner import CacheState
+from oled_hf.offload.policies.adaptive import AdaptivePolicy
+from oled_hf.offload.system import System, build_policy, parse_system
+
+
+@pytest.mark.parametrize("knobs, message", [
+    ({"candidates": "oled,fifo"}, "adaptive candidates='oled,fifo' is invalid: distinct names from oled, lru"),
+    ({"half_life": 0}, "adaptive half_life=0 is invalid: must be a number > 0"),
+    ({"margin": 1.5}, r"adaptive margin=1.5 is invalid: must be a number in \[0, 1\)"),
+    ({"scope": "model"}, "adaptive scope='model' is invalid: must be one of layer, global"),
+    ({"sample": 0}, "adaptive sample=0 is invalid: must be an integer >= 1"),
+    ({"speed": 2}, "unknown adaptive knob.s.: speed; known: candidates, half_life, margin, scope, sample"),
+])
+def test_bad_knobs_are_one_line(knobs, message):
+    system = System("adaptive", knobs={f"retention.{k}": v for k, v in knobs.items()})
+    with pytest.raises(ValueError, match=message) as err:
+        build_policy(system, 2, 8)
+    assert "\n" not in str(err.value)
+
+
+def test_grammar_names_it():
+    assert parse_system("adaptive+cpu+reuse+adaptive").retention == "adaptive"
+
+
+def _run(policy, accesses, caps, num_experts=8, dispatcher=None):
+    state = CacheState(len(caps), num_experts, caps)
+    dispatcher = dispatcher or Dispatcher.for_mode("copy", None)
+    for clock, ids in enumerate(accesses):
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1, 1)
+        policy.observe_access(0, ids, np.ones(ids.shape), clock)
+        state.plan(0, ids, None, policy, dispatcher)
+    return state.stats
+
+
+def _frequency_trace(n=400, seed=0):
+    """Two hot experts in most accesses, the rest one-shot noise: frequency keeps the hot ones."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _t in range(n):
+        hot = [e for e in (0, 1) if rng.random() < 0.7]
+        out.append(hot + list(rng.choice(np.arange(2, 16), size=2, replace=False)))
+    return out
+
+
+def _recency_trace(n=400):
+    """A pair used 100 times, then dead; then two other pairs alternate: recency holds both, frequency the dead one."""
+    return [[0, 1]] * 100 + [[2, 3] if t % 2 else [4, 5] for t in range(n - 100)]
+
+
+def test_converges_to_lfu_where_frequency_wins():
+    trace = _frequency_trace()
+    misses = {n: sum(_run(build_policy(System(n), 1, 16), trace, [3], 16).misses) for n in ("lru", "lfu")}
+    assert misses["lfu"] < misses["lru"]
+    policy = AdaptivePolicy(1, 16, candidates="lru,lfu", half_life=32)
+    _run(policy, trace, [3], 16)
+    assert policy.chosen(0) == "lfu"
+
+
+def test_converges_to_lru_where_recency_wins():
+    trace = _recency_trace()
+    misses = {n: sum(_run(build_policy(System(n), 1, 16), trace, [4], 16).misses) for n in ("lru", "lfu")}
+    assert misses["lru"] < misses["lfu"]
+    policy = AdaptivePolicy(1, 16, candidates="lfu,lru", half_life=32)
+    _run(policy, trace, [4], 16)
+    assert policy.chosen(0) == "lru"
+
+
+def test_one_candidate_plans_as_it():
+    trace = _frequency_trace(200)
+    for name in ("oled", "lfu"):
+        alone = _run(build_policy(System(name), 1, 16), trace, [4], 16)
+        wrapped = _run(AdaptivePolicy(1, 16, candidates=name), trace, [4], 16)
+        assert (alone.hits, alone.misses, alone.evictions) == (
+            wrapped.hits, wrapped.misses, wrapped.evictions)
