@@ -1,17 +1,9 @@
 """The GPU check script, exercised on the CPU in a reduced form so that it cannot rot."""
 
-import importlib.util
 import json
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "eval" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.eval_scripts import ROOT
+from tests.eval_scripts import load_eval_script as _load
 
 
 def test_gpu_check_reduced_on_cpu(tmp_path, capsys):

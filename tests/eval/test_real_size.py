@@ -1,17 +1,8 @@
 """eval/real_size.py on the tiny checkpoint: the same rows as at real size, in seconds."""
 
-import importlib.util
 import json
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "eval" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.eval_scripts import load_eval_script as _load
 
 
 def test_real_size_rows_on_tiny(tiny_path, tmp_path, capsys):

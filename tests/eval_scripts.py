@@ -1,0 +1,14 @@
+"""Import a script under eval/ as a module (they are scripts, not a package), for the tests that drive them."""
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_eval_script(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, ROOT / "eval" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
