@@ -110,10 +110,9 @@ class AdaptivePolicy(CachePolicy):
     # ------------------------------------------------------------------ shadows
     def before_plan(self, state: Any, layer: int, ids: np.ndarray, counts: np.ndarray, dispatcher: Any) -> None:
         """Plan every candidate's shadow cache on this access (``CacheState.plan`` calls it first)."""
-        from ..planner import CacheState
-
         if self._shadows is None or self._shadows[0].capacities != list(state.capacities):
-            self._shadows = [CacheState(state.num_layers, state.num_experts, list(state.capacities))
+            # the state's own class (the planner's CacheState): policies never import the planner
+            self._shadows = [type(state)(state.num_layers, state.num_experts, list(state.capacities))
                              for _ in self.policies]  # (re)started on a rebalance: a fresh warm-up
         self._seen[layer] += 1
         if (self._seen[layer] - 1) % self.sample:
