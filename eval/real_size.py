@@ -112,7 +112,7 @@ def held_bytes(model, rt) -> dict[str, float]:
     store = cache = 0
     if rt is not None:
         store = rt.store.host_bytes() if rt.store.mode == "pinned" else 0
-        cache = rt.cache.total_slots * rt.store.expert_bytes if hasattr(rt.cache, "total_slots") else 0
+        cache = rt.cache.total_slots * rt.store.expert_bytes
     got = dict(weights_gib=nonexpert / 2**30, store_gib=store / 2**30, cache_gib=cache / 2**30)
     got["held_gib"] = sum(got.values())
     return got

@@ -53,22 +53,17 @@ def _recency_trace(n=400):
     return [[0, 1]] * 100 + [[2, 3] if t % 2 else [4, 5] for t in range(n - 100)]
 
 
-def test_converges_to_lfu_where_frequency_wins():
-    trace = _frequency_trace()
-    misses = {n: sum(_run(build_policy(System(n), 1, 16), trace, [3], 16).misses) for n in ("lru", "lfu")}
-    assert misses["lfu"] < misses["lru"]
-    policy = AdaptivePolicy(1, 16, candidates="lru,lfu", half_life=32)
-    _run(policy, trace, [3], 16)
-    assert policy.chosen(0) == "lfu"
-
-
-def test_converges_to_lru_where_recency_wins():
-    trace = _recency_trace()
-    misses = {n: sum(_run(build_policy(System(n), 1, 16), trace, [4], 16).misses) for n in ("lru", "lfu")}
-    assert misses["lru"] < misses["lfu"]
-    policy = AdaptivePolicy(1, 16, candidates="lfu,lru", half_life=32)
-    _run(policy, trace, [4], 16)
-    assert policy.chosen(0) == "lru"
+@pytest.mark.parametrize("make_trace, slots, winner, loser", [
+    (_frequency_trace, 3, "lfu", "lru"),  # frequency wins
+    (_recency_trace, 4, "lru", "lfu"),  # recency wins
+])
+def test_converges_to_the_policy_that_wins(make_trace, slots, winner, loser):
+    trace = make_trace()
+    misses = {n: sum(_run(build_policy(System(n), 1, 16), trace, [slots], 16).misses) for n in (winner, loser)}
+    assert misses[winner] < misses[loser]
+    policy = AdaptivePolicy(1, 16, candidates=f"{loser},{winner}", half_life=32)
+    _run(policy, trace, [slots], 16)
+    assert policy.chosen(0) == winner
 
 
 def test_one_candidate_plans_as_it():
