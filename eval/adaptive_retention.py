@@ -1,0 +1,125 @@
+"""Does the ``adaptive`` retention part follow the best fixed rule when the workload shifts mid-run?
+
+A run is a concatenation of segments (``oled_hf.sim.concat``): by default three synthetic ones whose
+structure is controlled (``synthetic_trace`` knobs): *freq*, a stable hot set plus per-token noise
+(no popularity drift: frequency pays), *recency*, a working set that drifts block to block (what was
+hot a block ago is not hot now: recency pays), and *freq* again with another hot set. ``--traces``
+adds a run joined from recorded traces of one model shape instead.
+
+Each system is replayed over the whole run, the cache and the policy carried across the joins, at
+15 / 25 / 40% of the experts, timed as LLaDA2.0-mini's experts on H200 + PCIe 5 (fixed planner time
+per layer access: ``--planner-us`` for the fixed rules, ``--adaptive-planner-us`` for ``adaptive``,
+whose shadow caches cost about 4x oled's host time as measured by ``eval/planner_speed.py``; a row
+``adaptive @ planner-us`` charges it the fixed rules' time, its decisions alone). A segment's time is
+that of its sequences after its first ``--warmup`` ones, with everything before them run as warm-up
+(``replay(take_sequences(run, end), warmup_sequences=start + warmup)``: segment times add up to the
+run's exactly, tested); the overall time leaves out only the run's first ``--warmup`` sequences.
+Printed and written to ``--out``: each system's time over the best fixed system's per segment and
+overall (1.000 = as fast as the best fixed rule; above: slower).
+
+    .venv/bin/python eval/adaptive_retention.py --out eval/adaptive_retention.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from oled_hf.fileio import write_atomically
+from oled_hf.offload.costmodel import CostModel
+from oled_hf.offload.trace import Trace, load_trace
+from oled_hf.sim.concat import Segment, concat_traces, take_sequences
+from oled_hf.sim.replay import replay
+from oled_hf.sim.report import HEADLINE_PCT, md_table, slots_for
+from oled_hf.sim.synthetic import synthetic_trace
+
+FIXED = {"oled": "oled", "lru-full": "lru-full", "lfu-full": "lfu-full"}
+ADAPTIVE = "adaptive+cpu+reuse+adaptive"
+SHAPE = dict(num_layers=8, num_experts=64, top_k=4, block_length=32, num_blocks=4, prompt_length=16,
+             hidden_size=2048, moe_intermediate_size=512)
+# the controlled structure of each synthetic segment kind (synthetic_trace knobs)
+KINDS = {"freq": dict(popularity_scale=2.5, drift=0.0, route_noise=1.5, stable_keep=0.5, confident_keep=0.5,
+                      unsure_keep=0.2),
+         "recency": dict(popularity_scale=0.5, drift=1.5, route_noise=0.5, stable_keep=0.99, confident_keep=0.97)}
+
+
+def synthetic_run(kinds: list[str], sequences: int, seed: int) -> tuple[Trace, list[Segment]]:
+    """The concatenation of one synthetic segment per kind, each with its own seed (its own hot set)."""
+    parts = [synthetic_trace(**SHAPE, **KINDS[k], num_sequences=sequences, seed=seed + i, predict_keep=None)
+             for i, k in enumerate(kinds)]
+    return concat_traces(parts)
+
+
+def time_run(run: Trace, segs: list[Segment], system: str, slots: int, cm: CostModel, planner_s: float,
+             warmup: int) -> list[float]:
+    """Simulated seconds of each segment after its warm-up, then of the whole run after the first warm-up."""
+    out = []
+    for s in segs:
+        if s.num_sequences <= warmup:
+            raise ValueError(f"a segment has {s.num_sequences} sequences; --warmup={warmup} leaves nothing to time")
+        head = run if s.end_sequence == segs[-1].end_sequence else take_sequences(run, s.end_sequence)
+        out.append(replay(head, system, slots, system=system, cost_model=cm, planner_s=planner_s,
+                          warmup_sequences=s.start_sequence + warmup).sim_time_s)
+    out.append(replay(run, system, slots, system=system, cost_model=cm, planner_s=planner_s,
+                      warmup_sequences=warmup).sim_time_s)
+    return out
+
+
+def study(name: str, run: Trace, segs: list[Segment], labels: list[str], args) -> str:
+    """The Markdown table of one run: per size, every system's time over the best fixed one's, per segment."""
+    cm = CostModel.h200_pcie5(2048, 512, kernel="grouped")
+    systems = [(n, s, args.planner_us) for n, s in FIXED.items()]
+    systems += [("adaptive", ADAPTIVE, args.adaptive_planner_us),
+                (f"adaptive @ {args.planner_us:g} us", ADAPTIVE, args.planner_us)]
+    cols = [f"{lab} ({s.num_sequences - args.warmup} seq)" for lab, s in zip(labels, segs)] + ["overall"]
+    rows = []
+    for pct in args.pct:
+        slots = slots_for(pct, run.num_experts)
+        times = {n: time_run(run, segs, s, slots, cm, us * 1e-6, args.warmup) for n, s, us in systems}
+        best = [min(times[n][i] for n in FIXED) for i in range(len(cols))]
+        for n, _, us in systems:
+            rows.append([f"{pct:g}%", f"{n} ({us:g} us)" if n == "adaptive" else n]
+                        + [f"{t / b:.3f}" for t, b in zip(times[n], best)])
+        print(f"  {pct:g}% done", flush=True)
+    return (f"### {name}\n\n{run.num_layers} MoE layers x {run.num_experts} experts, top-{run.header['top_k']}; "
+            f"segments {' -> '.join(labels)}; warm-up {args.warmup} sequence(s) per segment; time over the best "
+            f"fixed system's (oled, lru-full, lfu-full) in each column\n\n"
+            + md_table(["cache", "system"] + cols, rows) + "\n")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", help="write the Markdown tables here (refused if it exists, unless --overwrite)")
+    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--segments", nargs="+", default=["freq", "recency", "freq"], choices=sorted(KINDS))
+    p.add_argument("--sequences", type=int, default=6, help="sequences per synthetic segment")
+    p.add_argument("--warmup", type=int, default=2, help="sequences at the start of each segment left untimed")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--traces", nargs="*", default=[], help="recorded traces of one model shape, joined in order")
+    p.add_argument("--pct", nargs="+", type=float, default=list(HEADLINE_PCT))
+    p.add_argument("--planner-us", type=float, default=20.0, help="planner time per layer access, fixed rules")
+    p.add_argument("--adaptive-planner-us", type=float, default=80.0, help="planner time per layer access, adaptive")
+    args = p.parse_args()
+    if args.out and Path(args.out).exists() and not args.overwrite:
+        p.error(f"--out {args.out} exists; pass --overwrite to replace it")
+    if args.sequences < 1 or args.warmup < 0 or args.warmup >= args.sequences:
+        p.error(f"--sequences={args.sequences}, --warmup={args.warmup}: need sequences >= 1, 0 <= warmup < sequences")
+    if not all(0 < x <= 100 for x in args.pct) or args.planner_us < 0 or args.adaptive_planner_us < 0:
+        p.error("--pct values must be in (0, 100] and planner times >= 0")
+    t0 = time.perf_counter()
+    parts = []
+    run, segs = synthetic_run(args.segments, args.sequences, args.seed)
+    print(f"synthetic run: {run.num_forwards} forwards, {len(segs)} segments", flush=True)
+    parts.append(study("Synthetic segments", run, segs, args.segments, args))
+    if args.traces:
+        run, segs = concat_traces([load_trace(t) for t in args.traces])
+        parts.append(study("Recorded traces", run, segs, [Path(t).stem for t in args.traces], args))
+    text = "\n".join(parts) + f"\nrun time {time.perf_counter() - t0:.0f} s\n"
+    print("\n" + text, flush=True)
+    if args.out:
+        write_atomically(lambda tmp: Path(tmp).write_text(text), args.out)
+
+
+if __name__ == "__main__":
+    main()
