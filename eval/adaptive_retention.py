@@ -7,10 +7,11 @@ hot a block ago is not hot now: recency pays), and *freq* again with another hot
 adds a run joined from recorded traces of one model shape instead.
 
 Each system is replayed over the whole run, the cache and the policy carried across the joins, at
-15 / 25 / 40% of the experts, timed as LLaDA2.0-mini's experts on H200 + PCIe 5 (fixed planner time
-per layer access: ``--planner-us`` for the fixed rules, ``--adaptive-planner-us`` for ``adaptive``,
-whose shadow caches cost about 4x oled's host time as measured by ``eval/planner_speed.py``; a row
-``adaptive @ planner-us`` charges it the fixed rules' time, its decisions alone). A segment's time is
+15 / 25 / 40% of the experts, timed as LLaDA2.0-mini's experts on H200 + PCIe 5 (``--planner-us`` per
+layer access on the critical path for every system; ``adaptive`` pays it again for each shadow plan,
+on the host after the layer is issued, where replay lets it delay the next layer only as far as it
+outlasts this layer's device work; the row ``adaptive, shadows in line`` makes the next layer wait
+for them, ``replay(shadows_in_line=True)``, a host that cannot overlap them). A segment's time is
 that of its sequences after its first ``--warmup`` ones, with everything before them run as warm-up
 (``replay(take_sequences(run, end), warmup_sequences=start + warmup)``: segment times add up to the
 run's exactly, tested); the overall time leaves out only the run's first ``--warmup`` sequences.
@@ -52,7 +53,7 @@ def synthetic_run(kinds: list[str], sequences: int, seed: int) -> tuple[Trace, l
 
 
 def time_run(run: Trace, segs: list[Segment], system: str, slots: int, cm: CostModel, planner_s: float,
-             warmup: int) -> list[float]:
+             warmup: int, inline: bool = False) -> list[float]:
     """Simulated seconds of each segment after its warm-up, then of the whole run after the first warm-up."""
     out = []
     for s in segs:
@@ -60,26 +61,26 @@ def time_run(run: Trace, segs: list[Segment], system: str, slots: int, cm: CostM
             raise ValueError(f"a segment has {s.num_sequences} sequences; --warmup={warmup} leaves nothing to time")
         head = run if s.end_sequence == segs[-1].end_sequence else take_sequences(run, s.end_sequence)
         out.append(replay(head, system, slots, system=system, cost_model=cm, planner_s=planner_s,
-                          warmup_sequences=s.start_sequence + warmup).sim_time_s)
+                          warmup_sequences=s.start_sequence + warmup, shadows_in_line=inline).sim_time_s)
     out.append(replay(run, system, slots, system=system, cost_model=cm, planner_s=planner_s,
-                      warmup_sequences=warmup).sim_time_s)
+                      warmup_sequences=warmup, shadows_in_line=inline).sim_time_s)
     return out
 
 
 def study(name: str, run: Trace, segs: list[Segment], labels: list[str], args) -> str:
     """The Markdown table of one run: per size, every system's time over the best fixed one's, per segment."""
     cm = CostModel.h200_pcie5(2048, 512, kernel="grouped")
-    systems = [(n, s, args.planner_us) for n, s in FIXED.items()]
-    systems += [("adaptive", ADAPTIVE, args.adaptive_planner_us),
-                (f"adaptive @ {args.planner_us:g} us", ADAPTIVE, args.planner_us)]
+    systems = [(n, s, False) for n, s in FIXED.items()]
+    systems += [("adaptive", ADAPTIVE, False), ("adaptive, shadows in line", ADAPTIVE, True)]
     cols = [f"{lab} ({s.num_sequences - args.warmup} seq)" for lab, s in zip(labels, segs)] + ["overall"]
     rows = []
     for pct in args.pct:
         slots = slots_for(pct, run.num_experts)
-        times = {n: time_run(run, segs, s, slots, cm, us * 1e-6, args.warmup) for n, s, us in systems}
+        times = {n: time_run(run, segs, s, slots, cm, args.planner_us * 1e-6, args.warmup, inline)
+                 for n, s, inline in systems}
         best = [min(times[n][i] for n in FIXED) for i in range(len(cols))]
-        for n, _, us in systems:
-            rows.append([f"{pct:g}%", f"{n} ({us:g} us)" if n == "adaptive" else n]
+        for n, _, _ in systems:
+            rows.append([f"{pct:g}%", n]
                         + [f"{t / b:.3f}" for t, b in zip(times[n], best)])
         print(f"  {pct:g}% done", flush=True)
     return (f"### {name}\n\n{run.num_layers} MoE layers x {run.num_experts} experts, top-{run.header['top_k']}; "
@@ -99,13 +100,12 @@ def main() -> None:
     p.add_argument("--traces", nargs="*", default=[], help="recorded traces of one model shape, joined in order")
     p.add_argument("--pct", nargs="+", type=float, default=list(HEADLINE_PCT))
     p.add_argument("--planner-us", type=float, default=20.0, help="planner time per layer access, fixed rules")
-    p.add_argument("--adaptive-planner-us", type=float, default=80.0, help="planner time per layer access, adaptive")
     args = p.parse_args()
     if args.out and Path(args.out).exists() and not args.overwrite:
         p.error(f"--out {args.out} exists; pass --overwrite to replace it")
     if args.sequences < 1 or args.warmup < 0 or args.warmup >= args.sequences:
         p.error(f"--sequences={args.sequences}, --warmup={args.warmup}: need sequences >= 1, 0 <= warmup < sequences")
-    if not all(0 < x <= 100 for x in args.pct) or args.planner_us < 0 or args.adaptive_planner_us < 0:
+    if not all(0 < x <= 100 for x in args.pct) or args.planner_us < 0:
         p.error("--pct values must be in (0, 100] and planner times >= 0")
     t0 = time.perf_counter()
     parts = []

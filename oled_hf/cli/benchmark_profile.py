@@ -22,7 +22,7 @@ from typing import Any
 SECTIONS = ("attention", "routing", "shared_expert", "dense_mlp", "lm_head", "moe_block")
 # the executor's timers, as the profile names them
 EXECUTOR_SECTIONS = {"policy": "planner", "copy": "copies", "gpu": "experts_cached", "cpu": "experts_host",
-                     "cpu_wait": "host_wait", "copy_wait": "copy_wait"}
+                     "cpu_wait": "host_wait", "copy_wait": "copy_wait", "shadow": "shadow_caches"}
 
 
 @dataclass

@@ -193,6 +193,16 @@ class CacheController(IterationObserver):
         self.policy.on_admitted(layer, want, self.clock)
         return copies
 
+    def run_shadows(self) -> int:
+        """The retention part's deferred work of the last access (``adaptive``'s shadow caches), if any.
+
+        Callers run it once the access's copies and kernels are issued, off the critical path;
+        left alone it runs at the next plan or event (the same decisions either way). Returns the
+        number of shadow plans it ran.
+        """
+        run = getattr(self.policy, "run_shadows", None)
+        return run() if run is not None else 0
+
     def prefetch_next(self, layer: int) -> list[tuple[int, int, int | None]]:
         """Live: the prefetch into ``layer + 1`` right after ``layer``'s plan, its budget :func:`idle_copy_budget`."""
         if self.prefetcher is None or layer + 1 >= self.num_layers:

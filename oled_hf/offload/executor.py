@@ -203,8 +203,9 @@ class OffloadedExpertsExecutor:
     def _run(self, moe_block, hidden_states, topk_ids, topk_weights):
         rt, layer = self.runtime, self.moe_index
         clock = time.perf_counter
-        t0 = clock()
         rt.routing_transfers[layer] += 1
+        self._shadows()  # the last access's, while the device runs up to this layer's router
+        t0 = clock()
         host_ids, host_w = routing_to_host(topk_ids, topk_weights, rt.controller.policy.uses_weights)
         plan = rt.controller.plan(layer, host_ids, host_w)
         waves = plan_waves(plan)
@@ -263,6 +264,16 @@ class OffloadedExpertsExecutor:
             rt.controller.dispatcher.observe(rt.controller.copy_timer.landed_seconds_per_copy(),
                                              plan.counts[sorted(plan.cpu)] if cpu_s is not None else None, cpu_s)
         return combine_pairs(per_pair, topk_weights, hidden_states.dtype)
+
+    def _shadows(self) -> None:
+        """The retention part's deferred work of the last access (``CacheController.run_shadows``).
+
+        Run before this layer's routing comes to the host: the host would otherwise wait there while
+        the device finishes the last layer and runs this one's attention and router.
+        """
+        start = time.perf_counter()
+        if self.runtime.controller.run_shadows():
+            self.runtime.timing["shadow"][self.moe_index] += time.perf_counter() - start
 
     def _prefetch_next(self) -> None:
         """The prefetch part's copies into the next layer (``CacheController.prefetch_next``), at low priority.

@@ -57,8 +57,9 @@ from .executor import OffloadedExpertsExecutor, make_cpu_pool
 from .store import ExpertStore
 
 # host seconds per layer: planning, issuing copies, expert compute (copy waits excluded), CPU experts,
-# waiting for the CPU pool's result, blocking on copies in flight (the emulated device; ~0 on CUDA)
-TIMERS = ("policy", "copy", "gpu", "cpu", "cpu_wait", "copy_wait")
+# waiting for the CPU pool's result, blocking on copies in flight (the emulated device; ~0 on CUDA),
+# the retention part's deferred work once the layer is issued (``adaptive``'s shadow caches)
+TIMERS = ("policy", "copy", "gpu", "cpu", "cpu_wait", "copy_wait", "shadow")
 
 
 class _Serialised:

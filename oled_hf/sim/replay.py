@@ -287,6 +287,7 @@ def replay(
     measure_seed: int = 0,
     prefetch_budget: str = "timeline",
     host_timing: HostTiming | None = None,
+    shadows_in_line: bool = False,
 ) -> ReplayResult:
     """Run the trace through a fresh controller. Explicit arguments override ``offload_config``.
 
@@ -309,6 +310,10 @@ def replay(
     thread for the non-expert part, planning, compute and waits, the copy engine beside it, one
     grouped call per wave of experts as the live executor makes them); the decisions are the same.
     With it a capped prefetcher's budget is always ``"planned"``'s (the live executor's).
+    ``shadows_in_line``: the retention part's deferred work (``adaptive``'s shadow caches) holds
+    the next layer's start on the GPU (a host that cannot run it while the device computes);
+    default: it runs on the host beside the device's work (the live executor runs it while the
+    next layer's router output is on its way).
     """
     if prefetch_budget not in ("timeline", "planned"):
         raise ValueError(f"prefetch_budget={prefetch_budget!r} is invalid: must be 'timeline' or 'planned'")
@@ -405,6 +410,24 @@ def replay(
             tl.host(plan_ready, pf_host)
         return pf_host
 
+    def shadow_step(after: float | None) -> float:
+        """The retention part's deferred work of this access (``adaptive``'s shadows); its host seconds.
+
+        Charged on the host once the layer is issued (``after``: its plan and prefetch decision on
+        the GPU timeline; None on the host timeline, in line): it delays the next layer only where
+        it outlasts this layer's device work. A stated planner time charges ``planner_s`` per
+        shadow plan, the price of the real plan it repeats.
+        """
+        t0 = clock()
+        n = ctrl.run_shadows()
+        if not n:
+            return 0.0
+        sh = clock() - t0 if measured else n * float(planner_s)
+        tl.host(tl.host_free if after is None else after, sh)
+        if shadows_in_line and after is not None:
+            tl.gpu_free = max(tl.gpu_free, tl.host_free)
+        return sh
+
     for op, idx in trace.ops():
         if op == OP_FORWARD:
             seq = int(fwd_seq[idx])
@@ -442,7 +465,7 @@ def replay(
                     ex, cs = _host_access(tl, cm, plan, ready, l, prefetch_on_host if prefetcher is not None else None)
                     exposed += ex
                     compute += cs
-                    planner_total += host + pf_last[0]
+                    planner_total += host + pf_last[0] + shadow_step(None)
                     pf_last[0] = 0.0
                     full += nonexpert + cm.fused_layer_time(counts)
                     loop += nonexpert + cm.loop_layer_time(counts)
@@ -471,7 +494,7 @@ def replay(
                 compute += float(g.sum()) + (cm.gpu_layer_fixed_s if g.size else 0.0) + cpu
                 # the prefetch decision for layer l+1 runs on the host right after this plan
                 pf_host = prefetch_step(l, plan, lt, plan_ready)
-                planner_total += host + pf_host
+                planner_total += host + pf_host + shadow_step(plan_ready)
                 full += nonexpert + cm.fused_layer_time(counts)
                 loop += nonexpert + cm.loop_layer_time(counts)
             if check_invariants:

@@ -15,7 +15,7 @@ from oled_hf.offload.system import System, build_policy, parse_system
     ({"margin": 1.5}, r"adaptive margin=1.5 is invalid: must be a number in \[0, 1\)"),
     ({"scope": "model"}, "adaptive scope='model' is invalid: must be one of layer, global"),
     ({"sample": 0}, "adaptive sample=0 is invalid: must be an integer >= 1"),
-    ({"speed": 2}, "unknown adaptive knob.s.: speed; known: candidates, half_life, margin, scope, sample"),
+    ({"speed": 2}, "unknown adaptive knob.s.: speed; known: candidates, cost, half_life, margin, scope, sample"),
 ])
 def test_bad_knobs_are_one_line(knobs, message):
     system = System("adaptive", knobs={f"retention.{k}": v for k, v in knobs.items()})

@@ -15,14 +15,22 @@ The rule, per MoE layer access (everything is known at run time, nothing reads t
 * every candidate (knob ``candidates``, default ``oled,lru,lfu``) hears every access and event;
 * every ``sample``-th access of a layer, each candidate's shadow ``CacheState`` (same capacities as
   the real cache) is planned on this routing by the very planner and dispatcher the real cache uses
-  (``CacheState.plan``); its cost is the misses it had, plus its copies (each copy is bus time the
-  dispatcher would pay). Costs decay with a half-life of ``half_life`` accesses of the layer;
+  (``CacheState.plan``); its cost (knob ``cost``) is, by default (``time``), the time its plan takes
+  over an all-resident access as the dispatcher's cost model believes it (``_overhead_s``), or
+  (``misses``) the misses it had plus its copies. Costs decay with a half-life of ``half_life``
+  accesses of the layer;
 * the real cache ranks by the candidate with the lowest decayed cost; another candidate takes over
   only once it beats the current one by the relative ``margin`` (hysteresis against flapping);
   ``scope="layer"`` chooses per layer, ``scope="global"`` one candidate for all layers (costs summed).
 
-Because the shadows are planned inside ``CacheState.plan`` (before the real plan of the same
-access), live runs and replays take the same decisions.
+Off the critical path. Only the followed candidate hears an access before the real plan (its
+ranking is the plan's input); the others' updates and every shadow plan wait until
+:meth:`AdaptivePolicy.run_shadows`, which the executor calls once the layer's copies and kernels are
+issued (on a GPU the host is idle while they run) and replay charges on the host after the plan,
+where it delays the next layer only if it outlasts this layer's device work. Whatever is still
+pending runs at the start of the next plan or event at the latest, so live runs and replays,
+whoever calls it, take the same decisions: access ``t`` is planned with the choice the shadows made
+through access ``t - 1``.
 """
 
 from __future__ import annotations
@@ -31,11 +39,12 @@ from typing import Any
 
 import numpy as np
 
-from .base import CachePolicy, register
+from .base import CachePolicy, as_numpy, register
 
 CANDIDATES = ("oled", "lru", "lfu", "value", "score", "tide", "static", "moe-infinity")
 SCOPES = ("layer", "global")
-KNOBS = ("candidates", "half_life", "margin", "scope", "sample")
+COSTS = ("time", "misses")
+KNOBS = ("candidates", "cost", "half_life", "margin", "scope", "sample")
 
 
 def _candidates(value: Any) -> tuple[str, ...]:
@@ -45,6 +54,22 @@ def _candidates(value: Any) -> tuple[str, ...]:
     if not names or bad or len(set(names)) != len(names):
         raise ValueError(f"adaptive candidates={value!r} is invalid: distinct names from {', '.join(CANDIDATES)}")
     return names
+
+
+def _overhead_s(cm: Any, plan: Any, counts: np.ndarray) -> float:
+    """What a plan costs over all-resident, as the dispatcher's cost model believes (knob ``cost="time"``).
+
+    The layer's routed-expert time (CPU misses beside the GPU path, whose copies pipeline with the
+    experts) minus the same access with every expert a hit, plus the bus time of its reuse copies
+    (the next access's demand copies queue behind them). Misses and copies are not equal: a CPU
+    miss of one token is nearly free, a copy of a hot expert on the critical path is not.
+    """
+    hits = plan.hit_arrays()[0]
+    copies = plan.copy_arrays()[0]
+    cpu = np.asarray(plan.cpu, dtype=np.int64)
+    t = cm.access_time(counts[hits], counts[copies], counts[cpu])
+    ideal = cm.gpu_path_time(counts[np.concatenate([hits, copies, cpu])], counts[:0])
+    return t - ideal + len(plan.background) * cm.copy_time()
 
 
 @register
@@ -57,7 +82,7 @@ class AdaptivePolicy(CachePolicy):
 
     def __init__(self, num_layers: int, num_experts: int, candidates: Any = ("oled", "lru", "lfu"),
                  half_life: float = 64.0, margin: float = 0.05, scope: str = "layer", sample: int = 1,
-                 **knobs: Any) -> None:
+                 cost: str = "time", **knobs: Any) -> None:
         if knobs:
             raise ValueError(f"unknown adaptive knob(s): {', '.join(sorted(knobs))}; known: {', '.join(KNOBS)}")
         super().__init__(num_layers, num_experts)
@@ -70,16 +95,19 @@ class AdaptivePolicy(CachePolicy):
             raise ValueError(f"adaptive margin={margin!r} is invalid: must be a number in [0, 1)")
         if scope not in SCOPES:
             raise ValueError(f"adaptive scope={scope!r} is invalid: must be one of {', '.join(SCOPES)}")
+        if cost not in COSTS:
+            raise ValueError(f"adaptive cost={cost!r} is invalid: must be one of {', '.join(COSTS)}")
         if isinstance(sample, bool) or not isinstance(sample, int) or sample < 1:
             raise ValueError(f"adaptive sample={sample!r} is invalid: must be an integer >= 1")
         self.decay = 0.5 ** (1.0 / float(half_life))
-        self.margin, self.scope, self.sample = float(margin), scope, int(sample)
+        self.margin, self.scope, self.sample, self.cost_kind = float(margin), scope, int(sample), cost
         self.policies = [make_policy(n, num_layers, num_experts) for n in self.names]
         self.cost = np.zeros((self.num_layers, len(self.names)))
         self.choice = np.zeros(self.num_layers, dtype=np.int64)
         self.switches = 0
         self._seen = np.zeros(self.num_layers, dtype=np.int64)
         self._shadows: list[Any] | None = None
+        self._pending: tuple[Any, ...] | None = None  # (layer, ids, weights, counts, clock, dispatcher)
 
     # ------------------------------------------------------------------ events, forwarded
     def set_capacities(self, capacities: list[int]) -> None:
@@ -88,14 +116,17 @@ class AdaptivePolicy(CachePolicy):
             p.set_capacities(capacities)
 
     def on_block_start(self, block_index: int, token_ids: Any) -> None:
+        self.run_shadows()
         for p in self.policies:
             p.on_block_start(block_index, token_ids)
 
     def on_iteration(self, event: Any) -> None:
+        self.run_shadows()
         for p in self.policies:
             p.on_iteration(event)
 
     def on_block_end(self, block_index: int, token_ids: Any) -> None:
+        self.run_shadows()
         for p in self.policies:
             p.on_block_end(block_index, token_ids)
 
@@ -104,31 +135,53 @@ class AdaptivePolicy(CachePolicy):
             p.on_admitted(layer, experts, clock)
 
     def _update(self, layer: int, ids: np.ndarray, weights: Any, counts: np.ndarray, clock: int) -> None:
-        for p in self.policies:
-            p.observe_access(layer, ids, weights, clock, counts)
+        self.run_shadows()  # the previous access's, if nobody ran them yet
+        # the followed candidate now (its ranking plans this access); the others in run_shadows
+        self.policies[int(self.choice[layer])].observe_access(layer, ids, weights, clock, counts)
+        w = None if weights is None else np.array(as_numpy(weights), copy=True)
+        self._pending = (layer, np.array(ids, copy=True), w, counts, clock, None)
 
     # ------------------------------------------------------------------ shadows
     def before_plan(self, state: Any, layer: int, ids: np.ndarray, counts: np.ndarray, dispatcher: Any) -> None:
-        """Plan every candidate's shadow cache on this access (``CacheState.plan`` calls it first)."""
+        """Note the planner and dispatcher of this access (``CacheState.plan`` calls it first)."""
         if self._shadows is None or self._shadows[0].capacities != list(state.capacities):
             # the state's own class (the planner's CacheState): policies never import the planner
             self._shadows = [type(state)(state.num_layers, state.num_experts, list(state.capacities))
                              for _ in self.policies]  # (re)started on a rebalance: a fresh warm-up
+        if self._pending is not None and self._pending[0] == layer:
+            self._pending = self._pending[:5] + (dispatcher,)
+
+    def run_shadows(self) -> int:
+        """The deferred half of the last access: the other candidates hear it, the shadows plan it.
+
+        Returns how many shadow plans ran (0 when nothing was pending, or off the ``sample``):
+        replay charges host time per shadow plan where it charges a stated planner time.
+        """
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return 0
+        layer, ids, weights, counts, clock, dispatcher = pending
+        chosen = int(self.choice[layer])
+        for i, p in enumerate(self.policies):
+            if i != chosen:
+                p.observe_access(layer, ids, weights, clock, counts)
         self._seen[layer] += 1
-        if (self._seen[layer] - 1) % self.sample:
-            return
+        if dispatcher is None or self._shadows is None or (self._seen[layer] - 1) % self.sample:
+            return 0
         cost = self.cost[layer]
         cost *= self.decay ** self.sample
+        cm = dispatcher.cost_model if self.cost_kind == "time" else None
         for i, (shadow, policy) in enumerate(zip(self._shadows, self.policies)):
             st = shadow.stats
             before = st.misses[layer] + st.copies[layer]
-            shadow.plan(layer, ids, None, policy, dispatcher, counts)
-            cost[i] += st.misses[layer] + st.copies[layer] - before
+            plan = shadow.plan(layer, ids, None, policy, dispatcher, counts)
+            cost[i] += (st.misses[layer] + st.copies[layer] - before) if cm is None else _overhead_s(cm, plan, counts)
         if self.scope == "layer":
             self.choice[layer] = self._pick(cost, int(self.choice[layer]))
         else:
             total = self.cost.sum(axis=0)
             self.choice[:] = self._pick(total, int(self.choice[0]))
+        return len(self.policies)
 
     def _pick(self, cost: np.ndarray, current: int) -> int:
         best = int(np.argmin(cost))
