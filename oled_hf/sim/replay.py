@@ -293,8 +293,8 @@ def replay(
 
     ``policy_name`` with ``layer_adaptive``/``cpu_compute``: a legacy policy name, built as the
     live runtime builds that config. ``system`` (a :class:`System` or a ``--system`` string): the
-    composed system instead (``policy_name``, ``layer_adaptive`` and ``cpu_compute`` are then only
-    labels and ignored). ``believed``: the cost model the dispatcher decides with (default the
+    composed system instead (``policy_name`` and ``layer_adaptive`` are then only labels and
+    ignored; ``cpu_compute="off"`` makes its dispatch ``copy``, as the live runtime does on a CPU device). ``believed``: the cost model the dispatcher decides with (default the
     true one, ``cost_model``, which times the run).
     ``cache_size`` is slots per MoE layer (None: take the budget from ``offload_config``).
     ``planner_s``: host planner seconds per layer access; None measures the wall time of the
@@ -324,6 +324,8 @@ def replay(
     if cache_size is None and offload_config is None:
         raise ValueError("replay needs cache_size (slots per MoE layer) or an offload_config with a budget")
     sys_, calibration = split_calibration(parse_system(system) if isinstance(system, str) else system)
+    if sys_ is not None and cpu_compute == "off":  # as the live runtime resolves a system on a CPU device
+        sys_ = resolve_system(sys_, cpu_compute="off")
     base = offload_config if offload_config is not None else OffloadConfig(cache_size=cache_size)
     if sys_ is None:  # an old policy name and its flags: the system they name, resolved as a live config's is
         sys_ = resolve_system(None, policy=policy_name, cpu_compute=cpu_compute, layer_adaptive=layer_adaptive,

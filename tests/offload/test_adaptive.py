@@ -73,3 +73,42 @@ def test_one_candidate_plans_as_it():
         wrapped = _run(AdaptivePolicy(1, 16, candidates=name), trace, [4], 16)
         assert (alone.hits, alone.misses, alone.evictions) == (
             wrapped.hits, wrapped.misses, wrapped.evictions)
+
+
+def test_shadows_run_when_called_or_at_the_next_plan():
+    """The deferred half gives the same decisions whether the executor runs it or the next plan does."""
+    trace = _frequency_trace(200)
+    explicit = AdaptivePolicy(1, 16, candidates="lru,lfu", half_life=16)
+    state = CacheState(1, 16, [3])
+    dispatcher = Dispatcher.for_mode("copy", None)
+    ran = []
+    for clock, ids in enumerate(trace):
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1, 1)
+        explicit.observe_access(0, ids, np.ones(ids.shape), clock)
+        state.plan(0, ids, None, explicit, dispatcher)
+        ran.append(explicit.run_shadows())
+        assert explicit.run_shadows() == 0  # nothing left pending
+    assert ran == [2] * len(trace)
+    implicit = AdaptivePolicy(1, 16, candidates="lru,lfu", half_life=16)
+    stats = _run(implicit, trace, [3], 16)
+    assert (stats.hits, stats.misses) == (state.stats.hits, state.stats.misses)
+    assert implicit.chosen(0) == explicit.chosen(0) == "lfu" and implicit.switches == explicit.switches
+
+
+def test_time_cost_charges_what_a_plan_adds_over_all_resident():
+    from oled_hf.offload.costmodel import CostModel
+    from oled_hf.offload.policies.adaptive import _overhead_s
+
+    cm = CostModel.h200_pcie5(2048, 512, kernel="grouped")
+    dispatcher = Dispatcher.for_mode("copy", cm)
+    policy = build_policy(System("lru"), 1, 16)
+    state = CacheState(1, 16, [4])
+    ids = np.array([[0], [1], [2], [3]] * 8, dtype=np.int64)  # 4 experts of 8 tokens each
+    counts = np.bincount(ids.reshape(-1), minlength=16)
+    policy.observe_access(0, ids, None, 0)
+    first = state.plan(0, ids, None, policy, dispatcher, counts)  # cold: every expert copied
+    policy.observe_access(0, ids, None, 1)
+    again = state.plan(0, ids, None, policy, dispatcher, counts)  # all resident now
+    assert _overhead_s(cm, again, counts) == pytest.approx(0.0, abs=1e-12)
+    # four copies in a row: the last lands after 4 copy times and its expert runs after it
+    assert _overhead_s(cm, first, counts) >= 4 * cm.copy_time() - cm.gpu_path_time(counts[:4], counts[:0])

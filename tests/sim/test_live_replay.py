@@ -175,9 +175,11 @@ def test_live_prefetch_decisions_equal_replay(tiny_path, tiny_tokenizer, tmp_pat
 
 @pytest.mark.parametrize("cpu", ["on", "off"])
 def test_adaptive_retention_replays_to_the_live_counts_and_keeps_tokens(tiny_path, tiny_tokenizer, tmp_path, cpu):
-    """``adaptive``: its shadow caches are planned inside the planner, so replay takes the live run's
-    decisions; and it only ranks, so the tokens are the resident model's."""
-    system = "adaptive+cpu+reuse+adaptive" if cpu == "on" else "adaptive+copy+adaptive"
+    """``adaptive``: its shadow caches run off the critical path but always before the next plan or
+    event, so replay takes the live run's decisions; and it only ranks, so the tokens are the
+    resident model's. With CPU compute off, replay resolves the system's dispatch to ``copy`` as
+    the live runtime does."""
+    system = "adaptive+cpu+reuse+adaptive"
     path = tmp_path / "adaptive.trace"
     config = OffloadConfig(cache_size=6, system=system, cpu_compute=cpu, record_trace=str(path))
     model = OledLLaDA2ForDiffusionLM.from_pretrained(tiny_path, offload_config=config).eval()
@@ -193,3 +195,4 @@ def test_adaptive_retention_replays_to_the_live_counts_and_keeps_tokens(tiny_pat
                     system=system)
     assert (result.hits, result.misses, result.evictions) == (live["hits"], live["misses"], live["evictions"])
     assert result.bytes_copied == live["bytes_copied"] and result.cpu_expert_tokens == live["cpu_expert_tokens"]
+    assert model._offload_runtime.timing["shadow"].sum() > 0  # the executor ran the shadows itself
