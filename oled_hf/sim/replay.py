@@ -294,8 +294,9 @@ def replay(
     ``policy_name`` with ``layer_adaptive``/``cpu_compute``: a legacy policy name, built as the
     live runtime builds that config. ``system`` (a :class:`System` or a ``--system`` string): the
     composed system instead (``policy_name`` and ``layer_adaptive`` are then only labels and
-    ignored; ``cpu_compute="off"`` makes its dispatch ``copy``, as the live runtime does on a CPU device). ``believed``: the cost model the dispatcher decides with (default the
-    true one, ``cost_model``, which times the run).
+    ignored; ``cpu_compute="off"`` makes its dispatch ``copy``, as the live runtime does on a CPU
+    device). ``believed``: the cost model the dispatcher decides with (default the true one,
+    ``cost_model``, which times the run).
     ``cache_size`` is slots per MoE layer (None: take the budget from ``offload_config``).
     ``planner_s``: host planner seconds per layer access; None measures the wall time of the
     policy update, plan, prefetch decision and event handling as they run here.

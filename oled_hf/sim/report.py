@@ -416,7 +416,8 @@ def family(info: TraceInfo) -> str:
 
 
 # the project's targets: TPOT ratios other / oled at 15, 25 and 40%, and oled / the valid bound at 40%
-COMPOSED = ("lru-full", "lfu-full", "adaptive")  # our other compositions of the same parts; every other system is published
+# our other compositions of the same parts; every other system is published
+COMPOSED = ("lru-full", "lfu-full", "adaptive")
 TARGET_COMPOSED, TARGET_PUBLISHED, TARGET_BOUND = 1.10, 1.25, 1.25
 
 
