@@ -55,6 +55,17 @@ class LayerPlan:
         return (np.fromiter((c[0] for c in self._copies), np.int64, len(self._copies)),
                 np.fromiter((c[1] for c in self._copies), np.int64, len(self._copies)))
 
+    def cpu_array(self) -> np.ndarray:
+        """The CPU-computed experts, int64."""
+        if self._arr is not None:
+            return self._arr[5, : self._n[2]]
+        return np.asarray(self._cpu, dtype=np.int64)
+
+    @property
+    def n_background(self) -> int:
+        """How many reuse copies (``background``) the plan makes."""
+        return self._n[3] if self._arr is not None else len(self._background)
+
     @property
     def streamed(self) -> bool | None:
         """Whether a copy reuses a slot of this access (a request over the capacity); None: not known."""

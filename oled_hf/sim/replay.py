@@ -83,6 +83,7 @@ class ReplayResult:
     loop_time_s: float = 0.0  # per-expert-loop resident reference
     forwards: int = 0
     planner_time_s: float = 0.0  # host planner time on the simulated timeline
+    shadow_time_s: float = 0.0  # ... of it, the retention part's deferred work (adaptive's shadows)
     compute_s: float = 0.0  # expert compute charged (GPU experts and CPU batches)
     blocking_waits: int = 0  # with host timing (one host thread): waves that waited for a copy
     exposed_copy_s: float = 0.0  # time layers waited for copies beyond their compute
@@ -361,6 +362,7 @@ def replay(
     ready = np.zeros((L, E))  # when each resident expert's weights are on the device
     book = _PrefetchBook(L, E)
     full = loop = planner_total = exposed = compute = 0.0
+    shadow_total = [0.0]
     slot_accesses = forwards = 0
     nonexpert = cm.nonexpert_s_per_layer
     fwd_seq = trace.arrays["fwd_seq"]
@@ -426,6 +428,7 @@ def replay(
         if not n:
             return 0.0
         sh = clock() - t0 if measured else n * float(planner_s)
+        shadow_total[0] += sh
         tl.host(tl.host_free if after is None else after, sh)
         if shadows_in_line and after is not None:
             tl.gpu_free = max(tl.gpu_free, tl.host_free)
@@ -439,7 +442,8 @@ def replay(
                 if base is None and len(seqs_seen) > warmup_sequences:  # warm-up over: zero the books
                     book.pending[:] = False  # a warm-up prefetch hit later is neither issued nor used in the timed part
                     base = {"stats": {k: ctrl.stats.total(k) for k in _COUNTED}, "full": full, "loop": loop,
-                            "planner": planner_total, "exposed": exposed, "slots": slot_accesses,
+                            "planner": planner_total, "shadow": shadow_total[0],
+                            "exposed": exposed, "slots": slot_accesses,
                             "compute": compute, "waits": tl.waits if serial else 0,
                             "forwards": forwards, "t0": max(tl.gpu_free, tl.host_free), "committed": committed,
                             "pf": (book.issued, book.used, book.wasted)}
@@ -536,7 +540,8 @@ def replay(
         routing_entries=trace.routing_entries, output_tokens=committed - base.get("committed", 0),
         sim_time_s=max(tl.gpu_free, tl.host_free) - base.get("t0", 0.0), full_time_s=full - base.get("full", 0.0),
         loop_time_s=loop - base.get("loop", 0.0), forwards=forwards - base.get("forwards", 0),
-        planner_time_s=planner_total - base.get("planner", 0.0), exposed_copy_s=exposed - base.get("exposed", 0.0),
+        planner_time_s=planner_total - base.get("planner", 0.0),
+        shadow_time_s=shadow_total[0] - base.get("shadow", 0.0), exposed_copy_s=exposed - base.get("exposed", 0.0),
         compute_s=compute - base.get("compute", 0.0),
         blocking_waits=(tl.waits - base.get("waits", 0)) if serial else 0,
         prefetch_issued=book.issued - pf0[0], prefetch_used=book.used - pf0[1],

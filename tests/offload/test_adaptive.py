@@ -95,20 +95,26 @@ def test_shadows_run_when_called_or_at_the_next_plan():
     assert implicit.chosen(0) == explicit.chosen(0) == "lfu" and implicit.switches == explicit.switches
 
 
-def test_time_cost_charges_what_a_plan_adds_over_all_resident():
+@pytest.mark.parametrize("mode", ["copy", "cpu", "cpu+reuse"])
+def test_time_cost_is_the_cost_models_access_time_over_all_resident(mode):
+    """``_overhead_s`` is ``CostModel.access_time`` of the plan minus all-resident, plus its reuse copies."""
     from oled_hf.offload.costmodel import CostModel
-    from oled_hf.offload.policies.adaptive import _overhead_s
+    from oled_hf.offload.policies.adaptive import _ideal_s, _overhead_s
 
     cm = CostModel.h200_pcie5(2048, 512, kernel="grouped")
-    dispatcher = Dispatcher.for_mode("copy", cm)
-    policy = build_policy(System("lru"), 1, 16)
-    state = CacheState(1, 16, [4])
-    ids = np.array([[0], [1], [2], [3]] * 8, dtype=np.int64)  # 4 experts of 8 tokens each
-    counts = np.bincount(ids.reshape(-1), minlength=16)
-    policy.observe_access(0, ids, None, 0)
-    first = state.plan(0, ids, None, policy, dispatcher, counts)  # cold: every expert copied
-    policy.observe_access(0, ids, None, 1)
-    again = state.plan(0, ids, None, policy, dispatcher, counts)  # all resident now
-    assert _overhead_s(cm, again, counts) == pytest.approx(0.0, abs=1e-12)
-    # four copies in a row: the last lands after 4 copy times and its expert runs after it
-    assert _overhead_s(cm, first, counts) >= 4 * cm.copy_time() - cm.gpu_path_time(counts[:4], counts[:0])
+    dispatcher = Dispatcher.for_mode(mode, cm)
+    policy = build_policy(System("oled"), 1, 32)
+    state = CacheState(1, 32, [6])
+    rng = np.random.default_rng(0)
+    seen_copy = seen_cpu = False
+    for clock in range(30):
+        ids = rng.choice(12, size=(16, 2)).astype(np.int64)
+        counts = np.bincount(ids.reshape(-1), minlength=32)
+        policy.observe_access(0, ids, np.ones(ids.shape), clock, counts)
+        plan = state.plan(0, ids, None, policy, dispatcher, counts)
+        want = cm.access_time(counts[plan.hits], counts[[c[0] for c in plan.copies]], counts[plan.cpu])
+        want += -cm.gpu_path_time(counts[counts > 0], counts[:0]) + len(plan.background) * cm.copy_time()
+        assert _overhead_s(cm, plan, counts, _ideal_s(cm, counts)) == pytest.approx(want, rel=1e-9, abs=1e-12)
+        seen_copy |= bool(plan.copies)
+        seen_cpu |= bool(plan.cpu)
+    assert seen_copy and (seen_cpu or mode == "copy")

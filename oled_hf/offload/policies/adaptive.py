@@ -56,20 +56,37 @@ def _candidates(value: Any) -> tuple[str, ...]:
     return names
 
 
-def _overhead_s(cm: Any, plan: Any, counts: np.ndarray) -> float:
-    """What a plan costs over all-resident, as the dispatcher's cost model believes (knob ``cost="time"``).
+def _overhead_s(cm: Any, plan: Any, counts: np.ndarray, ideal_s: float) -> float:
+    """What a plan costs over all-resident (``ideal_s``), as the dispatcher's cost model believes (``cost="time"``).
 
-    The layer's routed-expert time (CPU misses beside the GPU path, whose copies pipeline with the
-    experts) minus the same access with every expert a hit, plus the bus time of its reuse copies
-    (the next access's demand copies queue behind them). Misses and copies are not equal: a CPU
-    miss of one token is nearly free, a copy of a hot expert on the critical path is not.
+    The layer's routed-expert time (``CostModel.access_time``: CPU misses beside the GPU path, whose
+    copies pipeline with the experts) minus the same access with every expert a hit, plus the bus
+    time of its reuse copies (the next access's demand copies queue behind them). A CPU miss of one
+    token is nearly free, a copy of a hot expert on the critical path is not: counts miss that.
+    Written out in scalars and a few array ops (it runs per candidate per access; the cost model's
+    own methods cost ~4x more here); ``tests/offload/test_adaptive.py`` holds it to them.
     """
-    hits = plan.hit_arrays()[0]
-    copies = plan.copy_arrays()[0]
-    cpu = np.asarray(plan.cpu, dtype=np.int64)
-    t = cm.access_time(counts[hits], counts[copies], counts[cpu])
-    ideal = cm.gpu_path_time(counts[np.concatenate([hits, copies, cpu])], counts[:0])
-    return t - ideal + len(plan.background) * cm.copy_time()
+    gfix, gtok, copy_s = cm.gpu_expert_fixed_s, cm.gpu_s_per_token, cm.copy_time()
+    hits, copies, cpu = plan.hit_arrays()[0], plan.copy_arrays()[0], plan.cpu_array()
+    gpu = 0.0
+    if hits.size or copies.size:
+        gpu = cm.gpu_layer_fixed_s + gfix * hits.size + gtok * float(counts[hits].sum())
+    if copies.size:
+        g = gfix + gtok * counts[copies].astype(np.float64)
+        suffix = np.cumsum(g[::-1])[::-1]
+        gpu = max(gpu + float(suffix[0]), float((copy_s * np.arange(1, g.size + 1) + suffix).max()))
+    if cpu.size:
+        n = counts[cpu].astype(np.float64)
+        gpu = max(gpu, cm.cpu_overhead_s + float(np.maximum(cm.cpu_expert_fixed_s, n * cm.cpu_s_per_token).sum()))
+    return gpu - ideal_s + plan.n_background * copy_s
+
+
+def _ideal_s(cm: Any, counts: np.ndarray) -> float:
+    """The routed-expert time of an access with every expert resident (``CostModel.gpu_path_time``)."""
+    n = counts[counts > 0]
+    if not n.size:
+        return 0.0
+    return cm.gpu_layer_fixed_s + cm.gpu_expert_fixed_s * n.size + cm.gpu_s_per_token * float(n.sum())
 
 
 @register
@@ -171,11 +188,13 @@ class AdaptivePolicy(CachePolicy):
         cost = self.cost[layer]
         cost *= self.decay ** self.sample
         cm = dispatcher.cost_model if self.cost_kind == "time" else None
+        ideal = _ideal_s(cm, counts) if cm is not None else 0.0
         for i, (shadow, policy) in enumerate(zip(self._shadows, self.policies)):
             st = shadow.stats
             before = st.misses[layer] + st.copies[layer]
             plan = shadow.plan(layer, ids, None, policy, dispatcher, counts)
-            cost[i] += (st.misses[layer] + st.copies[layer] - before) if cm is None else _overhead_s(cm, plan, counts)
+            cost[i] += (st.misses[layer] + st.copies[layer] - before) if cm is None else \
+                _overhead_s(cm, plan, counts, ideal)
         if self.scope == "layer":
             self.choice[layer] = self._pick(cost, int(self.choice[layer]))
         else:
