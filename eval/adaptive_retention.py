@@ -98,24 +98,30 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2, help="sequences at the start of each segment left untimed")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--traces", nargs="*", default=[], help="recorded traces of one model shape, joined in order")
+    p.add_argument("--take", type=int, default=0, help="use only the first N sequences of each trace (0: all)")
     p.add_argument("--pct", nargs="+", type=float, default=list(HEADLINE_PCT))
     p.add_argument("--planner-us", type=float, default=20.0, help="planner time per layer access, fixed rules")
     args = p.parse_args()
     if args.out and Path(args.out).exists() and not args.overwrite:
         p.error(f"--out {args.out} exists; pass --overwrite to replace it")
+    if args.take < 0:
+        p.error(f"--take={args.take} is invalid: must be 0 (all) or a number of sequences >= 1")
     if args.sequences < 1 or args.warmup < 0 or args.warmup >= args.sequences:
         p.error(f"--sequences={args.sequences}, --warmup={args.warmup}: need sequences >= 1, 0 <= warmup < sequences")
     if not all(0 < x <= 100 for x in args.pct) or args.planner_us < 0:
         p.error("--pct values must be in (0, 100] and planner times >= 0")
     t0 = time.perf_counter()
-    parts = []
+    tables = []
     run, segs = synthetic_run(args.segments, args.sequences, args.seed)
     print(f"synthetic run: {run.num_forwards} forwards, {len(segs)} segments", flush=True)
-    parts.append(study("Synthetic segments", run, segs, args.segments, args))
+    tables.append(study("Synthetic segments", run, segs, args.segments, args))
     if args.traces:
-        run, segs = concat_traces([load_trace(t) for t in args.traces])
-        parts.append(study("Recorded traces", run, segs, [Path(t).stem for t in args.traces], args))
-    text = "\n".join(parts) + f"\nrun time {time.perf_counter() - t0:.0f} s\n"
+        parts = [load_trace(t) for t in args.traces]
+        if args.take:
+            parts = [take_sequences(t, min(args.take, len(set(t.arrays["fwd_seq"].tolist())))) for t in parts]
+        run, segs = concat_traces(parts)
+        tables.append(study("Recorded traces", run, segs, [Path(t).stem for t in args.traces], args))
+    text = "\n".join(tables) + f"\nrun time {time.perf_counter() - t0:.0f} s\n"
     print("\n" + text, flush=True)
     if args.out:
         write_atomically(lambda tmp: Path(tmp).write_text(text), args.out)
