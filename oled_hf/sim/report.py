@@ -82,8 +82,7 @@ class ReportSystem:
 _REUSE_GRID = [{"dispatch.reuse_copies": n} for n in (1, 2, 4, 0)]
 _OLED_GRID = _REUSE_GRID[:3] + [{"dispatch.reuse_copies": 0, "retention.reuse": "usage", "retention.usage_decay": 0.9}]
 # the shadows' memory (half-life in accesses) and what they are scored on; dispatch as oled's default
-_ADAPTIVE_GRID = [{}, {"retention.half_life": 16}, {"retention.cost": "misses"},
-                  {"retention.half_life": 16, "retention.cost": "misses"}]
+_ADAPTIVE_GRID = [{"retention.cost": c, **h} for c in ("time", "misses") for h in ({}, {"retention.half_life": 16})]
 SYSTEMS = (
     ReportSystem("oled", "oled", "OLED-MoE (this project): confidence retention, layer-adaptive, "
                  "CPU per access + reuse copies", _OLED_GRID),

@@ -15,9 +15,9 @@ The rule, per MoE layer access (everything is known at run time, nothing reads t
 * every candidate (knob ``candidates``, default ``oled,lru,lfu``) hears every access and event;
 * every ``sample``-th access of a layer, each candidate's shadow ``CacheState`` (same capacities as
   the real cache) is planned on this routing by the very planner and dispatcher the real cache uses
-  (``CacheState.plan``); its cost (knob ``cost``) is, by default (``time``), the time its plan takes
-  over an all-resident access as the dispatcher's cost model believes it (``_overhead_s``), or
-  (``misses``) the misses it had plus its copies. Costs decay with a half-life of ``half_life``
+  (``CacheState.plan``); its cost (knob ``cost``) is, by default (``misses``), the misses it had
+  plus its copies, or (``time``) the time its plan takes over an all-resident access as the
+  dispatcher's cost model believes it (``_overhead_s``). Costs decay with a half-life of ``half_life``
   accesses of the layer;
 * the real cache ranks by the candidate with the lowest decayed cost; another candidate takes over
   only once it beats the current one by the relative ``margin`` (hysteresis against flapping);
@@ -43,7 +43,9 @@ from .base import CachePolicy, as_numpy, register
 
 CANDIDATES = ("oled", "lru", "lfu", "value", "score", "tide", "static", "moe-infinity")
 SCOPES = ("layer", "global")
-COSTS = ("time", "misses")
+# "misses" by default: on the deep toy's dev trace "time" followed lru where oled was faster (1.002 / 1.025 /
+# 1.012x oled at 15 / 25 / 40%, against 1.000 / 1.000 / 0.997x with "misses"; docs/adaptive-retention.md)
+COSTS = ("misses", "time")
 KNOBS = ("candidates", "cost", "half_life", "margin", "scope", "sample")
 
 
@@ -99,7 +101,7 @@ class AdaptivePolicy(CachePolicy):
 
     def __init__(self, num_layers: int, num_experts: int, candidates: Any = ("oled", "lru", "lfu"),
                  half_life: float = 64.0, margin: float = 0.05, scope: str = "layer", sample: int = 1,
-                 cost: str = "time", **knobs: Any) -> None:
+                 cost: str = "misses", **knobs: Any) -> None:
         if knobs:
             raise ValueError(f"unknown adaptive knob(s): {', '.join(sorted(knobs))}; known: {', '.join(KNOBS)}")
         super().__init__(num_layers, num_experts)
