@@ -196,7 +196,8 @@ class CacheController(IterationObserver):
     def run_shadows(self) -> int:
         """The retention part's deferred work of the last access (``adaptive``'s shadow caches), if any.
 
-        Callers run it once the access's copies and kernels are issued, off the critical path;
+        Callers run it once the access's copies and kernels are issued, off the critical path (the
+        executor: before the next layer's routing comes to the host);
         left alone it runs at the next plan or event (the same decisions either way). Returns the
         number of shadow plans it ran.
         """

@@ -25,8 +25,9 @@ The rule, per MoE layer access (everything is known at run time, nothing reads t
 
 Off the critical path. Only the followed candidate hears an access before the real plan (its
 ranking is the plan's input); the others' updates and every shadow plan wait until
-:meth:`AdaptivePolicy.run_shadows`, which the executor calls once the layer's copies and kernels are
-issued (on a GPU the host is idle while they run) and replay charges on the host after the plan,
+:meth:`AdaptivePolicy.run_shadows`, which the executor calls before the next layer's routing comes
+to the host (on a GPU the host would wait there while the device computes) and replay charges on
+the host after the plan,
 where it delays the next layer only if it outlasts this layer's device work. Whatever is still
 pending runs at the start of the next plan or event at the latest, so live runs and replays,
 whoever calls it, take the same decisions: access ``t`` is planned with the choice the shadows made
