@@ -108,6 +108,7 @@ class CacheController(IterationObserver):
         self.clock = 0
         self.last_moves: list[SlotMove] = []
         self._deferred: deque[DeferredAccess] = deque()
+        self._run_shadows = getattr(self.policy, "run_shadows", None)  # adaptive's; looked up once, off the hot path
         self.plan_timer: Callable[[int, float], None] | None = None  # (layer, seconds) of each deferred plan
         # live copy intervals not read yet, for the dispatcher's online calibration (every layer's
         # executor loads on the one copy stream; replay hands the dispatcher its times directly)
@@ -201,8 +202,7 @@ class CacheController(IterationObserver):
         left alone it runs at the next plan or event (the same decisions either way). Returns the
         number of shadow plans it ran.
         """
-        run = getattr(self.policy, "run_shadows", None)
-        return run() if run is not None else 0
+        return self._run_shadows() if self._run_shadows is not None else 0
 
     def prefetch_next(self, layer: int) -> list[tuple[int, int, int | None]]:
         """Live: the prefetch into ``layer + 1`` right after ``layer``'s plan, its budget :func:`idle_copy_budget`."""

@@ -36,6 +36,7 @@ through access ``t - 1``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -92,6 +93,18 @@ def _ideal_s(cm: Any, counts: np.ndarray) -> float:
     return cm.gpu_layer_fixed_s + cm.gpu_expert_fixed_s * n.size + cm.gpu_s_per_token * float(n.sum())
 
 
+@dataclass
+class _Pending:
+    """The last access, kept for its deferred half (``run_shadows``); the planner adds its dispatcher."""
+
+    layer: int
+    ids: np.ndarray
+    weights: np.ndarray | None
+    counts: np.ndarray
+    clock: int
+    dispatcher: Any = None
+
+
 @register
 class AdaptivePolicy(CachePolicy):
     """Follows the candidate retention with the lowest decayed shadow-cache cost (module docstring)."""
@@ -127,7 +140,7 @@ class AdaptivePolicy(CachePolicy):
         self.switches = 0
         self._seen = np.zeros(self.num_layers, dtype=np.int64)
         self._shadows: list[Any] | None = None
-        self._pending: tuple[Any, ...] | None = None  # (layer, ids, weights, counts, clock, dispatcher)
+        self._pending: _Pending | None = None
 
     # ------------------------------------------------------------------ events, forwarded
     def set_capacities(self, capacities: list[int]) -> None:
@@ -135,20 +148,20 @@ class AdaptivePolicy(CachePolicy):
         for p in self.policies:
             p.set_capacities(capacities)
 
-    def on_block_start(self, block_index: int, token_ids: Any) -> None:
+    def _each(self, hook: str, *args: Any) -> None:
+        """An iteration event: the last access's deferred half first, then every candidate hears it."""
         self.run_shadows()
         for p in self.policies:
-            p.on_block_start(block_index, token_ids)
+            getattr(p, hook)(*args)
+
+    def on_block_start(self, block_index: int, token_ids: Any) -> None:
+        self._each("on_block_start", block_index, token_ids)
 
     def on_iteration(self, event: Any) -> None:
-        self.run_shadows()
-        for p in self.policies:
-            p.on_iteration(event)
+        self._each("on_iteration", event)
 
     def on_block_end(self, block_index: int, token_ids: Any) -> None:
-        self.run_shadows()
-        for p in self.policies:
-            p.on_block_end(block_index, token_ids)
+        self._each("on_block_end", block_index, token_ids)
 
     def on_admitted(self, layer: int, experts: np.ndarray, clock: int) -> None:
         for p in self.policies:
@@ -157,9 +170,9 @@ class AdaptivePolicy(CachePolicy):
     def _update(self, layer: int, ids: np.ndarray, weights: Any, counts: np.ndarray, clock: int) -> None:
         self.run_shadows()  # the previous access's, if nobody ran them yet
         # the followed candidate now (its ranking plans this access); the others in run_shadows
-        self.policies[int(self.choice[layer])].observe_access(layer, ids, weights, clock, counts)
+        self._cur(layer).observe_access(layer, ids, weights, clock, counts)
         w = None if weights is None else np.array(as_numpy(weights), copy=True)
-        self._pending = (layer, np.array(ids, copy=True), w, counts, clock, None)
+        self._pending = _Pending(layer, np.array(ids, copy=True), w, counts, clock)
 
     # ------------------------------------------------------------------ shadows
     def before_plan(self, state: Any, layer: int, ids: np.ndarray, counts: np.ndarray, dispatcher: Any) -> None:
@@ -168,8 +181,8 @@ class AdaptivePolicy(CachePolicy):
             # the state's own class (the planner's CacheState): policies never import the planner
             self._shadows = [type(state)(state.num_layers, state.num_experts, list(state.capacities))
                              for _ in self.policies]  # (re)started on a rebalance: a fresh warm-up
-        if self._pending is not None and self._pending[0] == layer:
-            self._pending = self._pending[:5] + (dispatcher,)
+        if self._pending is not None and self._pending.layer == layer:
+            self._pending.dispatcher = dispatcher
 
     def run_shadows(self) -> int:
         """The deferred half of the last access: the other candidates hear it, the shadows plan it.
@@ -180,11 +193,11 @@ class AdaptivePolicy(CachePolicy):
         pending, self._pending = self._pending, None
         if pending is None:
             return 0
-        layer, ids, weights, counts, clock, dispatcher = pending
-        chosen = int(self.choice[layer])
-        for i, p in enumerate(self.policies):
-            if i != chosen:
-                p.observe_access(layer, ids, weights, clock, counts)
+        layer, ids, counts, dispatcher = pending.layer, pending.ids, pending.counts, pending.dispatcher
+        chosen = self._cur(layer)
+        for p in self.policies:
+            if p is not chosen:
+                p.observe_access(layer, ids, pending.weights, pending.clock, counts)
         self._seen[layer] += 1
         if dispatcher is None or self._shadows is None or (self._seen[layer] - 1) % self.sample:
             return 0
