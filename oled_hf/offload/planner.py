@@ -176,8 +176,11 @@ class CacheState:
             self.stats.evictions[layer] += evicted
             self.stats.dead_on_arrival[layer] += doa
         self._count(layer, nh, nm, nc + nbg, ncpu, cpu_tokens, total_tokens)
-        return LayerPlan.from_arrays(layer, counts, out[:9, : max(nh, nc, ncpu, nbg)].copy(),
+        plan = LayerPlan.from_arrays(layer, counts, out[:9, : max(nh, nc, ncpu, nbg)].copy(),
                                      [nh, nc, ncpu, nbg, nfree, nbg_free, streamed])
+        if shadow is not None:
+            policy.after_plan(plan, nm + nc + nbg)  # ``adaptive`` scores the followed candidate on this plan
+        return plan
 
     def _count(self, layer: int, hits: int, misses: int, copies: int, cpu: int, cpu_tokens: int, tokens: int) -> None:
         st = self.stats
@@ -200,6 +203,29 @@ class CacheState:
         if evicted:
             st.evictions[layer] += len(evicted)
             st.dead_on_arrival[layer] += doa
+
+    def copy_layer_from(self, src: CacheState, layer: int) -> None:
+        """Make ``layer`` hold the experts ``src`` holds there (same capacity); the stats are untouched.
+
+        ``adaptive`` re-seeds a candidate's shadow cache from the real one when it stops following it
+        (while followed, the real cache is its cache, and its shadow is not planned).
+        """
+        if src.capacities[layer] != self.capacities[layer]:
+            raise ValueError(f"layer {layer} has {self.capacities[layer]} slots here, "
+                             f"{src.capacities[layer]} in the source")
+        held = self._resident[layer].nonzero()[0].tolist()
+        for slot in self._release(layer, held):
+            self.slot_expert[slot] = -1
+            self._push_free(layer, slot)
+        self._flags[layer] = False
+        n = int(self._free_n[layer])  # lowest slot id popped first, as at start
+        self._free[layer, :n] = np.sort(self._free[layer, :n])[::-1]
+        want = src._resident[layer].nonzero()[0]
+        slots = self._pop_free(layer, int(want.size))
+        self._slot[layer, want] = slots
+        self.slot_expert[slots] = want
+        self._resident[layer, want] = True
+        self._unhit[layer, want] = src._unhit[layer, want]
 
     def admit(self, layer: int, experts: Any, policy: CachePolicy) -> list[tuple[int, int, int | None]]:
         """Prefetch: copy ``experts`` (best first) into the layer's slots ahead of its access.

@@ -88,7 +88,7 @@ def test_shadows_run_when_called_or_at_the_next_plan():
         state.plan(0, ids, None, explicit, dispatcher)
         ran.append(explicit.run_shadows())
         assert explicit.run_shadows() == 0  # nothing left pending
-    assert ran == [2] * len(trace)
+    assert ran == [1] * len(trace)  # the followed candidate is scored on the real plan
     implicit = AdaptivePolicy(1, 16, candidates="lru,lfu", half_life=16)
     stats = _run(implicit, trace, [3], 16)
     assert (stats.hits, stats.misses) == (state.stats.hits, state.stats.misses)
@@ -118,3 +118,44 @@ def test_time_cost_is_the_cost_models_access_time_over_all_resident(mode):
         seen_copy |= bool(plan.copies)
         seen_cpu |= bool(plan.cpu)
     assert seen_copy and (seen_cpu or mode == "copy")
+
+
+def test_the_followed_candidate_is_scored_on_the_real_plan():
+    """Its cost is what the real cache paid; a candidate left behind restarts from the real cache."""
+    trace = _recency_trace(300)
+    policy = AdaptivePolicy(1, 16, candidates="lfu,lru", half_life=16)
+    state = CacheState(1, 16, [4])
+    dispatcher = Dispatcher.for_mode("copy", None)
+    real = []
+    for clock, ids in enumerate(trace):
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1, 1)
+        before = int(state.stats.misses[0] + state.stats.copies[0])
+        followed = policy.chosen(0)
+        policy.observe_access(0, ids, np.ones(ids.shape), clock)
+        state.plan(0, ids, None, policy, dispatcher)
+        cost = policy.cost[0].copy()
+        policy.run_shadows()
+        i = policy.names.index(followed)
+        real.append(int(state.stats.misses[0] + state.stats.copies[0]) - before)
+        assert policy.cost[0][i] == pytest.approx(cost[i] * policy.decay + real[-1])
+        if policy.chosen(0) != followed:  # re-seeded: the shadow holds what the real cache holds
+            assert policy._shadows[i].resident(0).keys() == state.resident(0).keys()
+            policy._shadows[i].check_invariants()
+    assert policy.switches >= 1 and policy.chosen(0) == "lru"
+
+
+def test_copy_layer_from_copies_residency_not_stats():
+    a, b = CacheState(2, 8, [3, 2]), CacheState(2, 8, [3, 2])
+    policy = build_policy(System("lru"), 2, 8)
+    dispatcher = Dispatcher.for_mode("copy", None)
+    for clock, ids in enumerate([[1, 2], [5], [6, 7], [0]]):
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1, 1)
+        policy.observe_access(0, ids, np.ones(ids.shape), clock)
+        a.plan(0, ids, None, policy, dispatcher)
+    b.plan(0, np.asarray([[3]]), None, policy, dispatcher)
+    misses = b.stats.misses.copy()
+    b.copy_layer_from(a, 0)
+    assert b.resident(0).keys() == a.resident(0).keys() and list(b.stats.misses) == list(misses)
+    b.check_invariants()
+    with pytest.raises(ValueError, match="layer 1 has 2 slots here, 3 in the source"):
+        b.copy_layer_from(CacheState(2, 8, [2, 3]), 1)

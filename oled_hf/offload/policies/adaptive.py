@@ -13,12 +13,14 @@ system would have paid under it.
 The rule, per MoE layer access (everything is known at run time, nothing reads the trace's future):
 
 * every candidate (knob ``candidates``, default ``oled,lru,lfu``) hears every access and event;
-* every ``sample``-th access of a layer, each candidate's shadow ``CacheState`` (same capacities as
-  the real cache) is planned on this routing by the very planner and dispatcher the real cache uses
-  (``CacheState.plan``); its cost (knob ``cost``) is, by default (``misses``), the misses it had
-  plus its copies, or (``time``) the time its plan takes over an all-resident access as the
-  dispatcher's cost model believes it (``_overhead_s``). Costs decay with a half-life of ``half_life``
-  accesses of the layer;
+* every ``sample``-th access of a layer, each candidate not followed now has its shadow
+  ``CacheState`` (same capacities as the real cache, rebalanced with it) planned on this routing by
+  the very planner and dispatcher the real cache uses (``CacheState.plan``); the followed candidate
+  is scored on the real plan (the real cache is its cache: one shadow plan fewer per access), and
+  its shadow is re-seeded from the real cache when it stops being followed. A cost (knob ``cost``)
+  is, by default (``misses``), the misses plus the copies, or (``time``) the time the plan takes
+  over an all-resident access as the dispatcher's cost model believes it (``_overhead_s``). Costs
+  decay with a half-life of ``half_life`` accesses of the layer;
 * the real cache ranks by the candidate with the lowest decayed cost; another candidate takes over
   only once it beats the current one by the relative ``margin`` (hysteresis against flapping);
   ``scope="layer"`` chooses per layer, ``scope="global"`` one candidate for all layers (costs summed).
@@ -95,7 +97,7 @@ def _ideal_s(cm: Any, counts: np.ndarray) -> float:
 
 @dataclass
 class _Pending:
-    """The last access, kept for its deferred half (``run_shadows``); the planner adds its dispatcher."""
+    """The last access, kept for its deferred half (``run_shadows``); the planner adds its dispatcher and plan."""
 
     layer: int
     ids: np.ndarray
@@ -103,6 +105,8 @@ class _Pending:
     counts: np.ndarray
     clock: int
     dispatcher: Any = None
+    plan: Any = None  # the real plan of this access (``after_plan``): it scores the followed candidate
+    real_cost: int = 0  # its misses plus copies
 
 
 @register
@@ -140,6 +144,7 @@ class AdaptivePolicy(CachePolicy):
         self.switches = 0
         self._seen = np.zeros(self.num_layers, dtype=np.int64)
         self._shadows: list[Any] | None = None
+        self._real: Any = None  # the real CacheState (``before_plan``)
         self._pending: _Pending | None = None
 
     # ------------------------------------------------------------------ events, forwarded
@@ -177,17 +182,33 @@ class AdaptivePolicy(CachePolicy):
     # ------------------------------------------------------------------ shadows
     def before_plan(self, state: Any, layer: int, ids: np.ndarray, counts: np.ndarray, dispatcher: Any) -> None:
         """Note the planner and dispatcher of this access (``CacheState.plan`` calls it first)."""
-        if self._shadows is None or self._shadows[0].capacities != list(state.capacities):
+        self._real = state
+        if self._shadows is None:
             # the state's own class (the planner's CacheState): policies never import the planner
             self._shadows = [type(state)(state.num_layers, state.num_experts, list(state.capacities))
-                             for _ in self.policies]  # (re)started on a rebalance: a fresh warm-up
+                             for _ in self.policies]
+        self._sync_capacities()
         if self._pending is not None and self._pending.layer == layer:
             self._pending.dispatcher = dispatcher
+
+    def after_plan(self, plan: Any, misses_and_copies: int) -> None:
+        """Keep the real plan of this access (``CacheState.plan`` calls it last): it scores the followed candidate."""
+        if self._pending is not None and self._pending.layer == plan.layer:
+            self._pending.plan, self._pending.real_cost = plan, misses_and_copies
+
+    def _sync_capacities(self) -> None:
+        """A rebalance of the real cache moves the shadows' slots alike (each evicting by its own candidate)."""
+        caps = self._real.capacities
+        for shadow, policy in zip(self._shadows, self.policies):
+            if shadow.capacities != caps:
+                shadow.set_capacities(list(caps), policy)
 
     def run_shadows(self) -> int:
         """The deferred half of the last access: the other candidates hear it, the shadows plan it.
 
-        Returns how many shadow plans ran (0 when nothing was pending, or off the ``sample``):
+        The followed candidate is scored on the real plan (the real cache is its cache) and its
+        shadow is not planned; when it stops being followed, its shadow is re-seeded from the real
+        cache. Returns how many shadow plans ran (0 when nothing was pending, or off the ``sample``):
         replay charges host time per shadow plan where it charges a stated planner time.
         """
         pending, self._pending = self._pending, None
@@ -205,18 +226,27 @@ class AdaptivePolicy(CachePolicy):
         cost *= self.decay ** self.sample
         cm = dispatcher.cost_model if self.cost_kind == "time" else None
         ideal = _ideal_s(cm, counts) if cm is not None else 0.0
+        followed = self.policies.index(chosen)
+        self._sync_capacities()
         for i, (shadow, policy) in enumerate(zip(self._shadows, self.policies)):
+            if i == followed:
+                if pending.plan is not None:
+                    cost[i] += pending.real_cost if cm is None else _overhead_s(cm, pending.plan, counts, ideal)
+                continue
             st = shadow.stats
             before = st.misses[layer] + st.copies[layer]
             plan = shadow.plan(layer, ids, None, policy, dispatcher, counts)
             cost[i] += (st.misses[layer] + st.copies[layer] - before) if cm is None else \
                 _overhead_s(cm, plan, counts, ideal)
         if self.scope == "layer":
-            self.choice[layer] = self._pick(cost, int(self.choice[layer]))
+            self.choice[layer] = self._pick(cost, followed)
+            left = [layer] if self.choice[layer] != followed else []
         else:
-            total = self.cost.sum(axis=0)
-            self.choice[:] = self._pick(total, int(self.choice[0]))
-        return len(self.policies)
+            self.choice[:] = self._pick(self.cost.sum(axis=0), followed)
+            left = list(range(self.num_layers)) if self.choice[0] != followed else []
+        for l in left:  # its shadow missed what the real cache did while it was followed
+            self._shadows[followed].copy_layer_from(self._real, l)
+        return len(self.policies) - 1
 
     def _pick(self, cost: np.ndarray, current: int) -> int:
         best = int(np.argmin(cost))
