@@ -80,8 +80,8 @@ def study(name: str, run: Trace, segs: list[Segment], labels: list[str], args) -
                  for n, s, inline in systems}
         best = [min(times[n][i] for n in FIXED) for i in range(len(cols))]
         for n, _, _ in systems:
-            rows.append([f"{pct:g}%", n]
-                        + [f"{t / b:.3f}" for t, b in zip(times[n], best)])
+            ratios = [t / b for t, b in zip(times[n], best)]  # the overall to 4 places: ties are common there
+            rows.append([f"{pct:g}%", n] + [f"{r:.3f}" for r in ratios[:-1]] + [f"{ratios[-1]:.4f}"])
         print(f"  {pct:g}% done", flush=True)
     return (f"### {name}\n\n{run.num_layers} MoE layers x {run.num_experts} experts, top-{run.header['top_k']}; "
             f"segments {' -> '.join(labels)}; warm-up {args.warmup} sequence(s) per segment; time over the best "

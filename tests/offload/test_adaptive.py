@@ -159,3 +159,21 @@ def test_copy_layer_from_copies_residency_not_stats():
     b.check_invariants()
     with pytest.raises(ValueError, match="layer 1 has 2 slots here, 3 in the source"):
         b.copy_layer_from(CacheState(2, 8, [2, 3]), 1)
+
+
+def test_a_prefetched_layer_scores_the_followed_candidate_on_its_shadow():
+    """Prefetched experts are hits of the real plan that no shadow gets: they must not win the contest."""
+    trace = _recency_trace(400)
+    policy = AdaptivePolicy(1, 16, candidates="lfu,lru", half_life=16)
+    state = CacheState(1, 16, [4])
+    dispatcher = Dispatcher.for_mode("copy", None)
+    ran = []
+    for clock, ids in enumerate(trace):
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1, 1)
+        state.admit(0, ids.reshape(-1), policy)  # as the controller's prefetch does, before the plan
+        policy.on_admitted(0, ids.reshape(-1), clock)
+        policy.observe_access(0, ids, np.ones(ids.shape), clock)
+        state.plan(0, ids, None, policy, dispatcher)
+        ran.append(policy.run_shadows())
+    assert ran == [2] * len(trace)  # both candidates on their shadows
+    assert policy.chosen(0) == "lru"  # as without the prefetch (the trace recency wins)

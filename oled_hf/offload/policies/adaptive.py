@@ -17,7 +17,8 @@ The rule, per MoE layer access (everything is known at run time, nothing reads t
   ``CacheState`` (same capacities as the real cache, rebalanced with it) planned on this routing by
   the very planner and dispatcher the real cache uses (``CacheState.plan``); the followed candidate
   is scored on the real plan (the real cache is its cache: one shadow plan fewer per access), and
-  its shadow is re-seeded from the real cache when it stops being followed. A cost (knob ``cost``)
+  its shadow is re-seeded from the real cache when it stops being followed; on a layer a prefetch
+  part copies into (outside any plan, unseen by the shadows) it is planned on its shadow as well. A cost (knob ``cost``)
   is, by default (``misses``), the misses plus the copies, or (``time``) the time the plan takes
   over an all-resident access as the dispatcher's cost model believes it (``_overhead_s``). Costs
   decay with a half-life of ``half_life`` accesses of the layer;
@@ -147,13 +148,15 @@ class AdaptivePolicy(CachePolicy):
         self._seen = np.zeros(self.num_layers, dtype=np.int64)
         self._shadows: list[Any] | None = None
         self._real: Any = None  # the real CacheState (``before_plan``)
+        self._outside = np.zeros(self.num_layers, dtype=bool)  # layers a prefetch has copied into
         self._pending: _Pending | None = None
 
     # ------------------------------------------------------------------ events, forwarded
     def set_capacities(self, capacities: list[int]) -> None:
         super().set_capacities(capacities)
-        for p in self.policies:
-            p.set_capacities(capacities)
+        if self._shadows is None:  # later, each candidate holds its shadow's list (``_sync_capacities``):
+            for p in self.policies:  # handed the real one, every shadow plan would hand it back (tide redoes
+                p.set_capacities(capacities)  # its top set then)
 
     def _each(self, hook: str, *args: Any) -> None:
         """An iteration event: the last access's deferred half first, then every candidate hears it."""
@@ -171,6 +174,9 @@ class AdaptivePolicy(CachePolicy):
         self._each("on_block_end", block_index, token_ids)
 
     def on_admitted(self, layer: int, experts: np.ndarray, clock: int) -> None:
+        # a prefetch filled the real cache outside a plan: its plans no longer score the followed
+        # candidate alone (its prefetched hits cost no shadow anything), so its shadow is planned too
+        self._outside[layer] = True
         for p in self.policies:
             p.on_admitted(layer, experts, clock)
 
@@ -231,7 +237,7 @@ class AdaptivePolicy(CachePolicy):
         followed = self.policies.index(chosen)
         self._sync_capacities()
         for i, (shadow, policy) in enumerate(zip(self._shadows, self.policies)):
-            if i == followed:
+            if i == followed and not self._outside[layer]:
                 if pending.plan is not None:
                     cost[i] += pending.real_cost if cm is None else _overhead_s(cm, pending.plan, counts, ideal)
                 continue
@@ -247,8 +253,9 @@ class AdaptivePolicy(CachePolicy):
             self.choice[:] = self._pick(self.cost.sum(axis=0), followed)
             left = list(range(self.num_layers)) if self.choice[0] != followed else []
         for l in left:  # its shadow missed what the real cache did while it was followed
-            self._shadows[followed].copy_layer_from(self._real, l)
-        return len(self.policies) - 1
+            if not self._outside[l]:
+                self._shadows[followed].copy_layer_from(self._real, l)
+        return len(self.policies) - (0 if self._outside[layer] else 1)
 
     def _pick(self, cost: np.ndarray, current: int) -> int:
         best = int(np.argmin(cost))
