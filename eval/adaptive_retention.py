@@ -27,9 +27,13 @@ import argparse
 import time
 from pathlib import Path
 
+import numpy as np
+
 from oled_hf.fileio import write_atomically
+from oled_hf.offload.config import OffloadConfig
+from oled_hf.offload.controller import CacheController
 from oled_hf.offload.costmodel import CostModel
-from oled_hf.offload.trace import Trace, load_trace
+from oled_hf.offload.trace import OP_FORWARD, Trace, load_trace
 from oled_hf.sim.concat import Segment, concat_traces, take_sequences
 from oled_hf.sim.replay import replay
 from oled_hf.sim.report import HEADLINE_PCT, md_table, slots_for
@@ -67,6 +71,58 @@ def time_run(run: Trace, segs: list[Segment], system: str, slots: int, cm: CostM
     return out
 
 
+def followed(run: Trace, slots: int, cm: CostModel) -> tuple[np.ndarray, tuple[str, ...]]:
+    """Which candidate ``adaptive`` follows at each layer after each forward ([forwards, layers] indices).
+
+    The controller's calls in replay's order (plan, its deferred shadows, events): the same decisions.
+    """
+    ctrl = CacheController(OffloadConfig(cache_size=slots, system=ADAPTIVE), run.num_layers, run.num_experts, cm)
+    out = []
+    for op, idx in run.ops():
+        if op == OP_FORWARD:
+            ctrl.begin_forward()
+            ids, weights = run.routing(idx)
+            for layer in range(run.num_layers):
+                ctrl.plan(layer, ids[layer], weights[layer])
+                ctrl.run_shadows()
+            out.append(ctrl.policy.choice.copy())
+        else:
+            run.deliver(ctrl, op, idx)
+    return np.array(out), ctrl.policy.names
+
+
+def plot_followed(runs: list[tuple[str, Trace, list[Segment], list[str]]], pcts: list[float], path: str) -> None:
+    """One panel per run and size: layers x forwards, coloured by the candidate followed; segment starts marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+
+    cm = CostModel.h200_pcie5(2048, 512, kernel="grouped")
+    fig, axes = plt.subplots(len(pcts), len(runs), figsize=(6 * len(runs), 1.0 + 1.6 * len(pcts)), squeeze=False)
+    colours = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:grey"]
+    for c, (name, run, segs, labels) in enumerate(runs):
+        for r, pct in enumerate(pcts):
+            choice, names = followed(run, slots_for(pct, run.num_experts), cm)
+            ax = axes[r][c]
+            ax.imshow(choice.T, aspect="auto", interpolation="nearest", vmin=0, vmax=len(colours) - 1,
+                      cmap=ListedColormap(colours))
+            for s, lab in zip(segs, labels):
+                ax.axvline(s.start_forward - 0.5, color="black", linewidth=1)
+                ax.text(s.start_forward + 1, -0.7, lab, fontsize=7, va="bottom")
+            ax.set_ylabel(f"{pct:g}%: layer")
+            if r == len(pcts) - 1:
+                ax.set_xlabel("forward")
+            if r == 0:
+                ax.set_title(name, fontsize=9, pad=16)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colours[i]) for i in range(len(names))]
+    fig.legend(handles, names, loc="upper right", fontsize=8, title="followed")
+    fig.tight_layout(rect=(0, 0, 0.93, 1))
+    write_atomically(lambda tmp: fig.savefig(tmp, dpi=110, format="png"), path)
+    print(f"wrote {path}")
+
+
 def study(name: str, run: Trace, segs: list[Segment], labels: list[str], args) -> str:
     """The Markdown table of one run: per size, every system's time over the best fixed one's, per segment."""
     cm = CostModel.h200_pcie5(2048, 512, kernel="grouped")
@@ -101,9 +157,11 @@ def main() -> None:
     p.add_argument("--take", type=int, default=0, help="use only the first N sequences of each trace (0: all)")
     p.add_argument("--pct", nargs="+", type=float, default=list(HEADLINE_PCT))
     p.add_argument("--planner-us", type=float, default=20.0, help="planner time per layer access, fixed rules")
+    p.add_argument("--png", help="plot which candidate adaptive follows, per layer and forward (refused if it exists)")
     args = p.parse_args()
-    if args.out and Path(args.out).exists() and not args.overwrite:
-        p.error(f"--out {args.out} exists; pass --overwrite to replace it")
+    for flag, path in (("--out", args.out), ("--png", args.png)):
+        if path and Path(path).exists() and not args.overwrite:
+            p.error(f"{flag} {path} exists; pass --overwrite to replace it")
     if args.take < 0:
         p.error(f"--take={args.take} is invalid: must be 0 (all) or a number of sequences >= 1")
     if args.sequences < 1 or args.warmup < 0 or args.warmup >= args.sequences:
@@ -115,12 +173,17 @@ def main() -> None:
     run, segs = synthetic_run(args.segments, args.sequences, args.seed)
     print(f"synthetic run: {run.num_forwards} forwards, {len(segs)} segments", flush=True)
     tables.append(study("Synthetic segments", run, segs, args.segments, args))
+    runs = [("synthetic", run, segs, args.segments)]
     if args.traces:
         parts = [load_trace(t) for t in args.traces]
         if args.take:
             parts = [take_sequences(t, min(args.take, len(set(t.arrays["fwd_seq"].tolist())))) for t in parts]
         run, segs = concat_traces(parts)
-        tables.append(study("Recorded traces", run, segs, [Path(t).stem for t in args.traces], args))
+        labels = [Path(t).stem for t in args.traces]
+        tables.append(study("Recorded traces", run, segs, labels, args))
+        runs.append(("recorded: " + " -> ".join(labels), run, segs, labels))
+    if args.png:
+        plot_followed(runs, args.pct, args.png)
     text = "\n".join(tables) + f"\nrun time {time.perf_counter() - t0:.0f} s\n"
     print("\n" + text, flush=True)
     if args.out:
