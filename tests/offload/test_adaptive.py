@@ -28,13 +28,20 @@ def test_grammar_names_it():
     assert parse_system("adaptive+cpu+reuse+adaptive").retention == "adaptive"
 
 
-def _run(policy, accesses, caps, num_experts=8, dispatcher=None):
+COPY = Dispatcher.for_mode("copy", None)
+
+
+def _step(policy, state, experts, clock, dispatcher=COPY):
+    """One access of layer 0 (one token per expert), as the controller makes it: observed, then planned."""
+    ids = np.asarray(experts, dtype=np.int64).reshape(-1, 1)
+    policy.observe_access(0, ids, np.ones(ids.shape), clock)
+    return state.plan(0, ids, None, policy, dispatcher)
+
+
+def _run(policy, accesses, caps, num_experts=8, dispatcher=COPY):
     state = CacheState(len(caps), num_experts, caps)
-    dispatcher = dispatcher or Dispatcher.for_mode("copy", None)
     for clock, ids in enumerate(accesses):
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1, 1)
-        policy.observe_access(0, ids, np.ones(ids.shape), clock)
-        state.plan(0, ids, None, policy, dispatcher)
+        _step(policy, state, ids, clock, dispatcher)
     return state.stats
 
 
@@ -80,12 +87,9 @@ def test_shadows_run_when_called_or_at_the_next_plan():
     trace = _frequency_trace(200)
     explicit = AdaptivePolicy(1, 16, candidates="lru,lfu", half_life=16)
     state = CacheState(1, 16, [3])
-    dispatcher = Dispatcher.for_mode("copy", None)
     ran = []
     for clock, ids in enumerate(trace):
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1, 1)
-        explicit.observe_access(0, ids, np.ones(ids.shape), clock)
-        state.plan(0, ids, None, explicit, dispatcher)
+        _step(explicit, state, ids, clock)
         ran.append(explicit.run_shadows())
         assert explicit.run_shadows() == 0  # nothing left pending
     assert ran == [1] * len(trace)  # the followed candidate is scored on the real plan
@@ -125,14 +129,11 @@ def test_the_followed_candidate_is_scored_on_the_real_plan():
     trace = _recency_trace(300)
     policy = AdaptivePolicy(1, 16, candidates="lfu,lru", half_life=16)
     state = CacheState(1, 16, [4])
-    dispatcher = Dispatcher.for_mode("copy", None)
     real = []
     for clock, ids in enumerate(trace):
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1, 1)
         before = int(state.stats.misses[0] + state.stats.copies[0])
         followed = policy.chosen(0)
-        policy.observe_access(0, ids, np.ones(ids.shape), clock)
-        state.plan(0, ids, None, policy, dispatcher)
+        _step(policy, state, ids, clock)
         cost = policy.cost[0].copy()
         policy.run_shadows()
         i = policy.names.index(followed)
@@ -147,12 +148,9 @@ def test_the_followed_candidate_is_scored_on_the_real_plan():
 def test_copy_layer_from_copies_residency_not_stats():
     a, b = CacheState(2, 8, [3, 2]), CacheState(2, 8, [3, 2])
     policy = build_policy(System("lru"), 2, 8)
-    dispatcher = Dispatcher.for_mode("copy", None)
     for clock, ids in enumerate([[1, 2], [5], [6, 7], [0]]):
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1, 1)
-        policy.observe_access(0, ids, np.ones(ids.shape), clock)
-        a.plan(0, ids, None, policy, dispatcher)
-    b.plan(0, np.asarray([[3]]), None, policy, dispatcher)
+        _step(policy, a, ids, clock)
+    b.plan(0, np.asarray([[3]]), None, policy, COPY)
     misses = b.stats.misses.copy()
     b.copy_layer_from(a, 0)
     assert b.resident(0).keys() == a.resident(0).keys() and list(b.stats.misses) == list(misses)
@@ -166,14 +164,11 @@ def test_a_prefetched_layer_scores_the_followed_candidate_on_its_shadow():
     trace = _recency_trace(400)
     policy = AdaptivePolicy(1, 16, candidates="lfu,lru", half_life=16)
     state = CacheState(1, 16, [4])
-    dispatcher = Dispatcher.for_mode("copy", None)
     ran = []
     for clock, ids in enumerate(trace):
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1, 1)
-        state.admit(0, ids.reshape(-1), policy)  # as the controller's prefetch does, before the plan
-        policy.on_admitted(0, ids.reshape(-1), clock)
-        policy.observe_access(0, ids, np.ones(ids.shape), clock)
-        state.plan(0, ids, None, policy, dispatcher)
+        state.admit(0, ids, policy)  # as the controller's prefetch does, before the plan
+        policy.on_admitted(0, np.asarray(ids), clock)
+        _step(policy, state, ids, clock)
         ran.append(policy.run_shadows())
     assert ran == [2] * len(trace)  # both candidates on their shadows
     assert policy.chosen(0) == "lru"  # as without the prefetch (the trace recency wins)
