@@ -18,10 +18,10 @@ The rule, per MoE layer access (everything is known at run time, nothing reads t
   the very planner and dispatcher the real cache uses (``CacheState.plan``); the followed candidate
   is scored on the real plan (the real cache is its cache: one shadow plan fewer per access), and
   its shadow is re-seeded from the real cache when it stops being followed; on a layer a prefetch
-  part copies into (outside any plan, unseen by the shadows) it is planned on its shadow as well. A cost (knob ``cost``)
-  is, by default (``misses``), the misses plus the copies, or (``time``) the time the plan takes
-  over an all-resident access as the dispatcher's cost model believes it (``_overhead_s``). Costs
-  decay with a half-life of ``half_life`` accesses of the layer;
+  part copies into (outside any plan, unseen by the shadows) it is planned on its shadow as well.
+  A cost (knob ``cost``) is, by default (``misses``), the misses plus the copies, or (``time``) the
+  time the plan takes over an all-resident access as the dispatcher's cost model believes it
+  (``_overhead_s``). Costs decay with a half-life of ``half_life`` accesses of the layer;
 * the real cache ranks by the candidate with the lowest decayed cost; another candidate takes over
   only once it beats the current one by the relative ``margin`` (hysteresis against flapping);
   ``scope="layer"`` chooses per layer, ``scope="global"`` one candidate for all layers (costs summed).
@@ -48,11 +48,10 @@ from .base import CachePolicy, as_numpy, register
 
 CANDIDATES = ("oled", "lru", "lfu", "value", "score", "tide", "static", "moe-infinity")
 SCOPES = ("layer", "global")
-# "misses" by default: on the deep toy's dev trace "time" followed lru where oled was faster (1.002 / 1.025 /
-# 1.012x oled at 15 / 25 / 40%, against 1.000 / 1.000 / 0.997x with "misses"; docs/adaptive-retention.md)
 COSTS = ("misses", "time")
-# half_life 32 and margin 0.02: chosen on dev data only (eval/adaptive_tune.py: a synthetic shift run of
-# its own seed and the deep toy's dev trace; 64 / 0.02 tied on the score, 32 had the lower worst segment)
+# the defaults cost "misses", half_life 32, margin 0.02 were chosen on dev data only (eval/adaptive_tune.py:
+# a synthetic shift run of its own seed and the deep toy's dev trace; "time" lost in every setting, 64 / 0.02
+# tied on the score with a worse worst segment; eval/adaptive_tune.md)
 KNOBS = ("candidates", "cost", "half_life", "margin", "scope", "sample")
 
 
