@@ -15,7 +15,8 @@ from oled_hf.offload.system import System, build_policy, parse_system
     ({"margin": 1.5}, r"adaptive margin=1.5 is invalid: must be a number in \[0, 1\)"),
     ({"scope": "model"}, "adaptive scope='model' is invalid: must be one of layer, global"),
     ({"sample": 0}, "adaptive sample=0 is invalid: must be an integer >= 1"),
-    ({"speed": 2}, "unknown adaptive knob.s.: speed; known: candidates, cost, half_life, margin, scope, sample"),
+    ({"switch_cost": "free"}, "adaptive switch_cost='free' is invalid: must be one of transition, none"),
+    ({"speed": 2}, "unknown adaptive knob.s.: speed; known: candidates, cost, half_life, margin, scope, sample, switch_cost"),
 ])
 def test_bad_knobs_are_one_line(knobs, message):
     system = System("adaptive", knobs={f"retention.{k}": v for k, v in knobs.items()})
@@ -170,5 +171,38 @@ def test_a_prefetched_layer_scores_the_followed_candidate_on_its_shadow():
         policy.on_admitted(0, np.asarray(ids), clock)
         _step(policy, state, ids, clock)
         ran.append(policy.run_shadows())
-    assert ran == [2] * len(trace)  # both candidates on their shadows
+    # the first copy outside a plan is access 100's (before: no plan seen yet, then [0, 1] resident):
+    # from there both candidates are planned on their shadows, the followed one seeded from the real cache
+    assert ran == [1] * 100 + [2] * (len(trace) - 100)
     assert policy.chosen(0) == "lru"  # as without the prefetch (the trace recency wins)
+
+
+def test_a_prefetch_that_copies_nothing_keeps_the_real_plan_scoring():
+    """The controller reports what it asked for; experts already resident change nothing."""
+    policy = AdaptivePolicy(1, 16, candidates="lfu,lru")
+    state = CacheState(1, 16, [4])
+    ran = []
+    for clock in range(20):
+        ids = [0, 1]
+        state.admit(0, ids, policy)
+        policy.on_admitted(0, np.asarray(ids), clock)
+        _step(policy, state, ids, clock)
+        ran.append(policy.run_shadows())
+    assert ran == [1] * 20 and not policy._outside[0]
+
+
+@pytest.mark.parametrize("switch_cost, switches_at", [("transition", "above the gap"), ("none", "any lead")])
+def test_a_switch_must_pay_for_its_transition(switch_cost, switches_at):
+    """The newcomer's lead must exceed the copies the switch costs: what its shadow holds and the real cache lacks."""
+    policy = AdaptivePolicy(1, 16, candidates="lru,lfu", margin=0.0, switch_cost=switch_cost)
+    state = CacheState(1, 16, [4])
+    _step(policy, state, [0, 1, 2, 3], 0)
+    policy.run_shadows()
+    lfu_shadow = policy._shadows[1]
+    lfu_shadow.plan(0, np.asarray([[0], [1], [8], [9]]), None, policy.policies[1], COPY)
+    gap = int((lfu_shadow.resident_mask(0) & ~state.resident_mask(0)).sum())
+    assert gap == 2
+    short = policy._pick(np.array([10.0, 10.0 - 2 * gap + 0.5]), 0, [0], 2.0)
+    long = policy._pick(np.array([10.0, 10.0 - 2 * gap - 0.5]), 0, [0], 2.0)
+    assert long == 1 and short == (0 if switches_at == "above the gap" else 1)
+    assert policy.switches == (1 if switch_cost == "transition" else 2)

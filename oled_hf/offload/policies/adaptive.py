@@ -23,7 +23,9 @@ The rule, per MoE layer access (everything is known at run time, nothing reads t
   time the plan takes over an all-resident access as the dispatcher's cost model believes it
   (``_overhead_s``). Costs decay with a half-life of ``half_life`` accesses of the layer;
 * the real cache ranks by the candidate with the lowest decayed cost; another candidate takes over
-  only once it beats the current one by the relative ``margin`` (hysteresis against flapping);
+  only once it beats the current one by the relative ``margin`` (hysteresis against flapping) and,
+  with ``switch_cost="transition"`` (default), by more than the copies the switch itself costs (the
+  experts its shadow holds that the real cache lacks: a switch must pay for itself, ``_pick``);
   ``scope="layer"`` chooses per layer, ``scope="global"`` one candidate for all layers (costs summed).
 
 Off the critical path. Only the followed candidate hears an access before the real plan (its
@@ -49,10 +51,11 @@ from .base import CachePolicy, as_numpy, register
 CANDIDATES = ("oled", "lru", "lfu", "value", "score", "tide", "static", "moe-infinity")
 SCOPES = ("layer", "global")
 COSTS = ("misses", "time")
+SWITCH_COSTS = ("transition", "none")
 # the defaults cost "misses", half_life 32, margin 0.02 were chosen on dev data only (eval/adaptive_tune.py:
 # a synthetic shift run of its own seed and the deep toy's dev trace; "time" lost in every setting, 64 / 0.02
 # tied on the score with a worse worst segment; eval/adaptive_tune.md)
-KNOBS = ("candidates", "cost", "half_life", "margin", "scope", "sample")
+KNOBS = ("candidates", "cost", "half_life", "margin", "scope", "sample", "switch_cost")
 
 
 def _candidates(value: Any) -> tuple[str, ...]:
@@ -121,7 +124,7 @@ class AdaptivePolicy(CachePolicy):
 
     def __init__(self, num_layers: int, num_experts: int, candidates: Any = ("oled", "lru", "lfu"),
                  half_life: float = 32.0, margin: float = 0.02, scope: str = "layer", sample: int = 1,
-                 cost: str = "misses", **knobs: Any) -> None:
+                 cost: str = "misses", switch_cost: str = "transition", **knobs: Any) -> None:
         if knobs:
             raise ValueError(f"unknown adaptive knob(s): {', '.join(sorted(knobs))}; known: {', '.join(KNOBS)}")
         super().__init__(num_layers, num_experts)
@@ -136,10 +139,13 @@ class AdaptivePolicy(CachePolicy):
             raise ValueError(f"adaptive scope={scope!r} is invalid: must be one of {', '.join(SCOPES)}")
         if cost not in COSTS:
             raise ValueError(f"adaptive cost={cost!r} is invalid: must be one of {', '.join(COSTS)}")
+        if switch_cost not in SWITCH_COSTS:
+            raise ValueError(f"adaptive switch_cost={switch_cost!r} is invalid: must be one of {', '.join(SWITCH_COSTS)}")
         if isinstance(sample, bool) or not isinstance(sample, int) or sample < 1:
             raise ValueError(f"adaptive sample={sample!r} is invalid: must be an integer >= 1")
         self.decay = 0.5 ** (1.0 / float(half_life))
         self.margin, self.scope, self.sample, self.cost_kind = float(margin), scope, int(sample), cost
+        self.switch_cost = switch_cost
         self.policies = [make_policy(n, num_layers, num_experts) for n in self.names]
         self.cost = np.zeros((self.num_layers, len(self.names)))
         self.choice = np.zeros(self.num_layers, dtype=np.int64)
@@ -148,6 +154,8 @@ class AdaptivePolicy(CachePolicy):
         self._shadows: list[Any] | None = None
         self._real: Any = None  # the real CacheState (``before_plan``)
         self._outside = np.zeros(self.num_layers, dtype=bool)  # layers a prefetch has copied into
+        self._copies_planned = np.zeros(self.num_layers, dtype=np.int64)  # the real copies after each layer's plan
+        self._synced: list[int] | None = None  # the real capacities list the shadows were last rebalanced to
         self._pending: _Pending | None = None
 
     # ------------------------------------------------------------------ events, forwarded
@@ -173,9 +181,14 @@ class AdaptivePolicy(CachePolicy):
         self._each("on_block_end", block_index, token_ids)
 
     def on_admitted(self, layer: int, experts: np.ndarray, clock: int) -> None:
-        # a prefetch filled the real cache outside a plan: its plans no longer score the followed
-        # candidate alone (its prefetched hits cost no shadow anything), so its shadow is planned too
-        self._outside[layer] = True
+        # a prefetch copied into the real cache outside a plan: its plans no longer score the followed
+        # candidate alone (its prefetched hits cost no shadow anything), so its shadow is planned too,
+        # from the real cache as it stands (stale while followed). A prefetch of experts already
+        # resident copies nothing and changes nothing (the controller reports what it asked for).
+        real = self._real
+        if real is not None and not self._outside[layer] and real.stats.copies[layer] > self._copies_planned[layer]:
+            self._outside[layer] = True
+            self._shadows[int(self.choice[layer])].copy_layer_from(real, layer)
         for p in self.policies:
             p.on_admitted(layer, experts, clock)
 
@@ -200,15 +213,19 @@ class AdaptivePolicy(CachePolicy):
 
     def after_plan(self, plan: Any, misses_and_copies: int) -> None:
         """Keep the real plan of this access (``CacheState.plan`` calls it last): it scores the followed candidate."""
+        self._copies_planned[plan.layer] = self._real.stats.copies[plan.layer]
         if self._pending is not None and self._pending.layer == plan.layer:
             self._pending.plan, self._pending.real_cost = plan, misses_and_copies
 
     def _sync_capacities(self) -> None:
         """A rebalance of the real cache moves the shadows' slots alike (each evicting by its own candidate)."""
         caps = self._real.capacities
+        if caps is self._synced:  # CacheState.set_capacities replaces the list: same list, nothing moved
+            return
         for shadow, policy in zip(self._shadows, self.policies):
             if shadow.capacities != caps:
                 shadow.set_capacities(list(caps), policy)
+        self._synced = caps
 
     def run_shadows(self) -> int:
         """The deferred half of the last access: the other candidates hear it, the shadows plan it.
@@ -222,9 +239,9 @@ class AdaptivePolicy(CachePolicy):
         if pending is None:
             return 0
         layer, ids, counts, dispatcher = pending.layer, pending.ids, pending.counts, pending.dispatcher
-        chosen = self._cur(layer)
-        for p in self.policies:
-            if p is not chosen:
+        followed = int(self.choice[layer])
+        for i, p in enumerate(self.policies):
+            if i != followed:
                 p.observe_access(layer, ids, pending.weights, pending.clock, counts)
         self._seen[layer] += 1
         if dispatcher is None or self._shadows is None or (self._seen[layer] - 1) % self.sample:
@@ -233,7 +250,6 @@ class AdaptivePolicy(CachePolicy):
         cost *= self.decay ** self.sample
         cm = dispatcher.cost_model if self.cost_kind == "time" else None
         ideal = _ideal_s(cm, counts) if cm is not None else 0.0
-        followed = self.policies.index(chosen)
         self._sync_capacities()
         for i, (shadow, policy) in enumerate(zip(self._shadows, self.policies)):
             if i == followed and not self._outside[layer]:
@@ -245,23 +261,38 @@ class AdaptivePolicy(CachePolicy):
             plan = shadow.plan(layer, ids, None, policy, dispatcher, counts)
             cost[i] += (st.misses[layer] + st.copies[layer] - before) if cm is None else \
                 _overhead_s(cm, plan, counts, ideal)
-        if self.scope == "layer":
-            self.choice[layer] = self._pick(cost, followed)
-            left = [layer] if self.choice[layer] != followed else []
-        else:
-            self.choice[:] = self._pick(self.cost.sum(axis=0), followed)
-            left = list(range(self.num_layers)) if self.choice[0] != followed else []
+        layers = [layer] if self.scope == "layer" else list(range(self.num_layers))
+        unit = 2.0 if cm is None else cm.copy_time()  # a miss and a copy; or the copy's bus time
+        self.choice[layers] = self._pick(cost if self.scope == "layer" else self.cost.sum(axis=0), followed, layers, unit)
+        left = layers if self.choice[layer] != followed else []
         for l in left:  # its shadow missed what the real cache did while it was followed
             if not self._outside[l]:
                 self._shadows[followed].copy_layer_from(self._real, l)
         return len(self.policies) - (0 if self._outside[layer] else 1)
 
-    def _pick(self, cost: np.ndarray, current: int) -> int:
+    def _pick(self, cost: np.ndarray, current: int, layers: list[int], unit: float) -> int:
+        """The candidate to follow: the cheapest, once its lead pays for the switch.
+
+        Its lead must pass the ``margin`` and, with ``switch_cost="transition"``, also what the
+        switch itself costs: every expert the newcomer's shadow holds that the real cache lacks is a
+        miss and a copy the real cache pays before it holds what the newcomer would (``unit``). The
+        lead is a decayed sum over about ``half_life / ln 2`` accesses, so a switch is taken once
+        that window's saving would have paid for its transition; a shorter lead only churns the
+        cache: both shadows looked cheaper than the cache that switches between them.
+        """
         best = int(np.argmin(cost))
-        if best != current and cost[best] < (1.0 - self.margin) * cost[current]:
-            self.switches += 1
-            return best
-        return current
+        if best == current:
+            return current
+        lead = cost[current] - cost[best]
+        if lead <= self.margin * cost[current]:
+            return current
+        if self.switch_cost == "transition":
+            shadow = self._shadows[best]
+            gap = sum(int((shadow.resident_mask(l) & ~self._real.resident_mask(l)).sum()) for l in layers)
+            if lead <= gap * unit:
+                return current
+        self.switches += 1
+        return best
 
     def chosen(self, layer: int) -> str:
         return self.names[int(self.choice[layer])]
