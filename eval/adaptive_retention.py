@@ -33,6 +33,8 @@ from oled_hf.fileio import write_atomically
 from oled_hf.offload.config import OffloadConfig
 from oled_hf.offload.controller import CacheController
 from oled_hf.offload.costmodel import CostModel
+from oled_hf.offload.policies.adaptive import AdaptivePolicy
+from oled_hf.offload.system import parse_system
 from oled_hf.offload.trace import OP_FORWARD, Trace, load_trace
 from oled_hf.sim.concat import Segment, concat_traces, take_sequences
 from oled_hf.sim.replay import replay
@@ -123,11 +125,26 @@ def plot_followed(runs: list[tuple[str, Trace, list[Segment], list[str]]], pcts:
     print(f"wrote {path}")
 
 
+def _knob(text: str) -> tuple[str, object]:
+    """``KNOB=VALUE`` of ``--also``: the value a number where it reads as one, checked by the part itself."""
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise ValueError(f"--also {text!r} is invalid: must be KNOB=VALUE (an adaptive knob)")
+    try:
+        val: object = int(value) if value.isdigit() else float(value)
+    except ValueError:
+        val = value
+    AdaptivePolicy(1, 8, **{key: val})  # an unknown knob or a bad value: its one-line error
+    return key, val
+
+
 def study(name: str, run: Trace, segs: list[Segment], labels: list[str], args) -> str:
     """The Markdown table of one run: per size, every system's time over the best fixed one's, per segment."""
     cm = CostModel.h200_pcie5(2048, 512, kernel="grouped")
     systems = [(n, s, False) for n, s in FIXED.items()]
     systems += [("adaptive", ADAPTIVE, False), ("adaptive, shadows in line", ADAPTIVE, True)]
+    systems += [(f"adaptive, {k}={v}", parse_system(ADAPTIVE).with_knobs(**{f"retention.{k}": v}), False)
+                for k, v in args.also]
     cols = [f"{lab} ({s.num_sequences - args.warmup} seq)" for lab, s in zip(labels, segs)] + ["overall"]
     rows = []
     for pct in args.pct:
@@ -158,7 +175,13 @@ def main() -> None:
     p.add_argument("--pct", nargs="+", type=float, default=list(HEADLINE_PCT))
     p.add_argument("--planner-us", type=float, default=20.0, help="planner time per layer access, fixed rules")
     p.add_argument("--png", help="plot which candidate adaptive follows, per layer and forward (refused if it exists)")
+    p.add_argument("--also", nargs="+", default=[], metavar="KNOB=VALUE",
+                   help="an extra adaptive row per adaptive knob setting (e.g. switch_cost=transition)")
     args = p.parse_args()
+    try:
+        args.also = [_knob(a) for a in args.also]
+    except ValueError as e:
+        p.error(str(e))
     for flag, path in (("--out", args.out), ("--png", args.png)):
         if path and Path(path).exists() and not args.overwrite:
             p.error(f"{flag} {path} exists; pass --overwrite to replace it")

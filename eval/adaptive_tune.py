@@ -28,7 +28,7 @@ from oled_hf.sim.replay import replay
 from oled_hf.sim.report import HEADLINE_PCT, md_table, slots_for
 
 GRID = {"half_life": (16.0, 32.0, 64.0), "margin": (0.02, 0.05), "cost": ("misses", "time"),
-        "switch_cost": ("transition", "none")}
+        "switch_cost": ("none", "transition")}
 
 
 def main() -> None:

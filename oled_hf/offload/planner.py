@@ -133,6 +133,17 @@ class CacheState:
         self._slot[layer, experts] = -1
         return slots
 
+    def _drop(self, layer: int, experts: list[int]) -> None:
+        """Make ``experts`` non-resident with their slots free, the lowest slot id popped first (as at start)."""
+        if not experts:
+            return
+        for slot in self._release(layer, experts):
+            self.slot_expert[slot] = -1
+            self._push_free(layer, slot)
+        self._resident[layer, experts] = self._unhit[layer, experts] = False
+        n = int(self._free_n[layer])
+        self._free[layer, :n] = np.sort(self._free[layer, :n])[::-1]
+
     # ------------------------------------------------------------------ planning
     def plan(
         self,
@@ -213,13 +224,8 @@ class CacheState:
         if src.capacities[layer] != self.capacities[layer]:
             raise ValueError(f"layer {layer} has {self.capacities[layer]} slots here, "
                              f"{src.capacities[layer]} in the source")
-        held = self._resident[layer].nonzero()[0].tolist()
-        for slot in self._release(layer, held):
-            self.slot_expert[slot] = -1
-            self._push_free(layer, slot)
-        self._flags[layer] = False
-        n = int(self._free_n[layer])  # lowest slot id popped first, as at start
-        self._free[layer, :n] = np.sort(self._free[layer, :n])[::-1]
+        self._drop(layer, self._resident[layer].nonzero()[0].tolist())
+        self._flags[layer] = False  # nothing of the old contents survives, flags included
         want = src._resident[layer].nonzero()[0]
         slots = self._pop_free(layer, int(want.size))
         self._slot[layer, want] = slots
@@ -313,15 +319,8 @@ class CacheState:
         dropped = []
         for layer in range(self.num_layers):
             stale = [e for e, s in self.resident(layer).items() if tuple(slot_tags[s].tolist()) != (layer, e)]
-            for e in stale:
-                slot = self._release(layer, [e])[0]
-                self._resident[layer, e] = self._unhit[layer, e] = False
-                self.slot_expert[slot] = -1
-                self._push_free(layer, slot)
-                dropped.append((layer, e))
-            if stale:  # lowest slot id is popped first, as at start
-                n = int(self._free_n[layer])
-                self._free[layer, :n] = np.sort(self._free[layer, :n])[::-1]
+            self._drop(layer, stale)
+            dropped += [(layer, e) for e in stale]
         return dropped
 
     def check_invariants(self, slot_tags: np.ndarray | None = None) -> None:

@@ -24,8 +24,9 @@ The rule, per MoE layer access (everything is known at run time, nothing reads t
   (``_overhead_s``). Costs decay with a half-life of ``half_life`` accesses of the layer;
 * the real cache ranks by the candidate with the lowest decayed cost; another candidate takes over
   only once it beats the current one by the relative ``margin`` (hysteresis against flapping) and,
-  with ``switch_cost="transition"`` (default), by more than the copies the switch itself costs (the
-  experts its shadow holds that the real cache lacks: a switch must pay for itself, ``_pick``);
+  with ``switch_cost="transition"``, by more than the misses and copies the switch itself costs
+  (the experts its shadow holds that the real cache lacks: a switch must pay for itself, ``_pick``;
+  off by default: on dev it steadied the stationary trace and slowed the reaction to a shift more);
   ``scope="layer"`` chooses per layer, ``scope="global"`` one candidate for all layers (costs summed).
 
 Off the critical path. Only the followed candidate hears an access before the real plan (its
@@ -51,10 +52,11 @@ from .base import CachePolicy, as_numpy, register
 CANDIDATES = ("oled", "lru", "lfu", "value", "score", "tide", "static", "moe-infinity")
 SCOPES = ("layer", "global")
 COSTS = ("misses", "time")
-SWITCH_COSTS = ("transition", "none")
+SWITCH_COSTS = ("none", "transition")
 # the defaults cost "misses", half_life 32, margin 0.02 were chosen on dev data only (eval/adaptive_tune.py:
 # a synthetic shift run of its own seed and the deep toy's dev trace; "time" lost in every setting, 64 / 0.02
-# tied on the score with a worse worst segment; eval/adaptive_tune.md)
+# tied on the score with a worse worst segment; switch_cost "transition" scored 1.0017-1.0032 against "none"'s
+# 1.0010; eval/adaptive_tune.md)
 KNOBS = ("candidates", "cost", "half_life", "margin", "scope", "sample", "switch_cost")
 
 
@@ -124,7 +126,7 @@ class AdaptivePolicy(CachePolicy):
 
     def __init__(self, num_layers: int, num_experts: int, candidates: Any = ("oled", "lru", "lfu"),
                  half_life: float = 32.0, margin: float = 0.02, scope: str = "layer", sample: int = 1,
-                 cost: str = "misses", switch_cost: str = "transition", **knobs: Any) -> None:
+                 cost: str = "misses", switch_cost: str = "none", **knobs: Any) -> None:
         if knobs:
             raise ValueError(f"unknown adaptive knob(s): {', '.join(sorted(knobs))}; known: {', '.join(KNOBS)}")
         super().__init__(num_layers, num_experts)
