@@ -1,9 +1,10 @@
 """Choose ``adaptive``'s default knobs on dev data only: a shift run of its own seed and the dev trace.
 
 The knobs trade reaction speed (``half_life``, ``margin``, ``switch_cost``) against noise and what a
-shadow is scored on (``cost``); the flags narrow the grid (default: all of ``GRID``). They are chosen here on data no reported figure uses: the synthetic shift run of
-``eval/adaptive_retention.py`` with ``--seed 2`` (the study reports seed 1) and the deep toy's dev
-trace (stationary: a fast reaction only costs there). Each setting is scored by the geometric mean,
+shadow is scored on (``cost``); the flags narrow the grid (default: all of ``GRID``). They are
+chosen here on data no reported figure uses: the synthetic shift run of ``eval/adaptive_retention.py``
+with ``--seed 2`` (the study reports seed 1) and the deep toy's dev trace (stationary: a fast
+reaction only costs there). Each setting is scored by the geometric mean,
 over 15 / 25 / 40% of the experts, of its time over the best fixed rule's (``oled``, ``lru-full``,
 ``lfu-full``) on the shift run's whole run and on the dev trace; the worst segment cell is printed
 beside it. Timing as in the study (LLaDA2.0-mini's experts, H200 + PCIe 5, planner 20 us).

@@ -16,7 +16,8 @@ from oled_hf.offload.system import System, build_policy, parse_system
     ({"scope": "model"}, "adaptive scope='model' is invalid: must be one of layer, global"),
     ({"sample": 0}, "adaptive sample=0 is invalid: must be an integer >= 1"),
     ({"switch_cost": "free"}, "adaptive switch_cost='free' is invalid: must be one of none, transition"),
-    ({"speed": 2}, "unknown adaptive knob.s.: speed; known: candidates, cost, half_life, margin, scope, sample, switch_cost"),
+    ({"speed": 2}, "unknown adaptive knob.s.: speed; known: candidates, cost, half_life, margin, scope, sample, "
+                   "switch_cost"),
 ])
 def test_bad_knobs_are_one_line(knobs, message):
     system = System("adaptive", knobs={f"retention.{k}": v for k, v in knobs.items()})

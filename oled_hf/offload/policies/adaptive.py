@@ -142,7 +142,8 @@ class AdaptivePolicy(CachePolicy):
         if cost not in COSTS:
             raise ValueError(f"adaptive cost={cost!r} is invalid: must be one of {', '.join(COSTS)}")
         if switch_cost not in SWITCH_COSTS:
-            raise ValueError(f"adaptive switch_cost={switch_cost!r} is invalid: must be one of {', '.join(SWITCH_COSTS)}")
+            raise ValueError(f"adaptive switch_cost={switch_cost!r} is invalid: "
+                             f"must be one of {', '.join(SWITCH_COSTS)}")
         if isinstance(sample, bool) or not isinstance(sample, int) or sample < 1:
             raise ValueError(f"adaptive sample={sample!r} is invalid: must be an integer >= 1")
         self.decay = 0.5 ** (1.0 / float(half_life))
@@ -265,7 +266,8 @@ class AdaptivePolicy(CachePolicy):
                 _overhead_s(cm, plan, counts, ideal)
         layers = [layer] if self.scope == "layer" else list(range(self.num_layers))
         unit = 2.0 if cm is None else cm.copy_time()  # a miss and a copy; or the copy's bus time
-        self.choice[layers] = self._pick(cost if self.scope == "layer" else self.cost.sum(axis=0), followed, layers, unit)
+        total = cost if self.scope == "layer" else self.cost.sum(axis=0)
+        self.choice[layers] = self._pick(total, followed, layers, unit)
         left = layers if self.choice[layer] != followed else []
         for l in left:  # its shadow missed what the real cache did while it was followed
             if not self._outside[l]:
