@@ -158,6 +158,7 @@ class AdaptivePolicy(CachePolicy):
         self._real: Any = None  # the real CacheState (``before_plan``)
         self._outside = np.zeros(self.num_layers, dtype=bool)  # layers a prefetch has copied into
         self._copies_planned = np.zeros(self.num_layers, dtype=np.int64)  # the real copies after each layer's plan
+        self._all_layers = list(range(self.num_layers))  # scope="global": every choice moves together
         self._synced: list[int] | None = None  # the real capacities list the shadows were last rebalanced to
         self._pending: _Pending | None = None
 
@@ -264,9 +265,11 @@ class AdaptivePolicy(CachePolicy):
             plan = shadow.plan(layer, ids, None, policy, dispatcher, counts)
             cost[i] += (st.misses[layer] + st.copies[layer] - before) if cm is None else \
                 _overhead_s(cm, plan, counts, ideal)
-        layers = [layer] if self.scope == "layer" else list(range(self.num_layers))
+        if self.scope == "layer":
+            layers, total = [layer], cost
+        else:
+            layers, total = self._all_layers, self.cost.sum(axis=0)
         unit = 2.0 if cm is None else cm.copy_time()  # a miss and a copy; or the copy's bus time
-        total = cost if self.scope == "layer" else self.cost.sum(axis=0)
         self.choice[layers] = self._pick(total, followed, layers, unit)
         left = layers if self.choice[layer] != followed else []
         for l in left:  # its shadow missed what the real cache did while it was followed
