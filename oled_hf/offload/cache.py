@@ -1,29 +1,55 @@
-"""ExpertCache: the device slot pool, allocated once, and the copies that fill it.
+"""ExpertCache: the device slot pool, allocated once, and the copy waves that fill it.
 
 ``total_slots`` rows of ``3*I*H`` elements on the model's device: the device never holds more
 routed-expert bytes than that. Which expert sits in which slot is the planner's business
-(``CacheState``); this class only moves bytes, through a device backend (``device.py``). On an
-asynchronous device (CUDA; the emulated device) copies run beside compute and each slot carries
-an event, so compute waits for exactly the copy it needs while other copies and compute overlap;
-a copy into a slot waits for the compute still reading it and supersedes an earlier copy into it
-(cancelled if it has not started, else waited for). Prefetch copies go at low priority. On the CPU
-the same calls copy synchronously.
+(``CacheState``); this class only moves bytes, through a device backend (``device.py``).
 
-Each slot carries a tag, ``slot_tags[slot] = (layer, expert)``, written only once that expert's
-copy has been issued without error (``(-1, -1)`` while a copy is in flight or after one failed):
-the ground truth ``CacheState.check_invariants`` and ``CacheState.reconcile`` compare the
-bookkeeping against.
+On an asynchronous device (CUDA; the emulated device) copies run beside compute, in **waves**: the
+copies of one wave go on one stream (demand or prefetch) and complete one event. Ordering, per slot:
+
+* a kernel reading a slot waits for the event of the slot's last copy (:meth:`wait_ready`);
+* a copy into a slot waits, on its own stream, for the slot's last access (its previous copy, or the
+  kernel event of the reads since, :meth:`mark_used_many` / :meth:`mark_used_range`), unless that
+  stream has already waited for it. The record of which streams waited is kept per event, so a
+  kernel event waited for by a demand copy is still waited for by the first prefetch copy into any
+  slot it read (a single "forget once waited" would be correct on one stream only: the race this
+  fixes was a prefetch overwriting a slot that the all-hits kernel of its layer still read);
+* an earlier copy into the slot that has not started is cancelled where the device can (the
+  emulated one); the new copy inherits what that copy waited for.
+
+On the CPU the same calls copy synchronously. With the memory-mapped store on CUDA, rows are
+staged through a ring of pinned buffers (``staging.py``), never copied ``non_blocking`` from
+pageable memory.
+
+Each slot carries a tag, ``slot_tags[slot] = (layer, expert)``, written once that expert's copy has
+been issued without error (``(-1, -1)`` while it is being issued, after a failure, and after a wait
+that saw an asynchronous copy of its wave fail): the ground truth ``CacheState.check_invariants``
+and ``CacheState.reconcile`` compare the bookkeeping against.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 
-from .device import DEMAND, SyncDevice, make_device
+from .backend import DEMAND, SyncDevice
+from .device import make_device
 from .store import ExpertStore, split_expert
+
+STAGING_BUFFERS = 8  # pinned staging rows of the memory-mapped store on CUDA (a wave runs this far ahead)
+
+
+@dataclass
+class Access:
+    """The latest operation on a slot that a copy into it must follow: a copy wave's event or a kernel's."""
+
+    event: Any
+    waited: set[int] = field(default_factory=set)  # copy streams (priorities) that have waited for it
 
 
 class ExpertCache:
@@ -34,61 +60,143 @@ class ExpertCache:
         self.device = self.backend.device
         self.total_slots = total_slots
         self.pool = self.backend.allocate(total_slots, store.numel, store.dtype)
-        self.cuda = self.backend.name == "cuda"
+        self.cuda = self.backend.cuda
         self.asynchronous = self.backend.asynchronous
         self.copy_stream = getattr(self.backend, "copy_stream", None)
-        self.ready: dict[int, object] = {}  # slot -> its copy has landed (an event)
-        self.in_use: dict[int, object] = {}  # slot -> compute reading it has finished
-        self.in_use_ranges: dict[tuple[int, int], object] = {}  # (lo, hi) -> ditto, for a slot range
+        self.ready: dict[int, Any] = {}  # slot -> the event of its copy, until compute waited for it
+        self.last: dict[int, Access] = {}  # slot -> its latest copy or read (shared per event)
+        self.range_reads: dict[tuple[int, int], Access] = {}  # (lo, hi) -> a kernel that read every slot in it
+        self.prior: dict[int, list[Any]] = {}  # slot -> what its queued copy waited for (a cancel passes it on)
         self.copy_seconds = 0.0
         self.bytes_copied = 0
+        self.waves = 0
         self.slot_tags = np.full((total_slots, 2), -1, dtype=np.int64)  # (layer, expert) each slot holds
+        mapped = getattr(store, "mode", "pinned") == "mmap"  # pageable rows: staged on CUDA
+        self.staging = self.backend.staging_ring(STAGING_BUFFERS) if self.cuda and mapped else None
 
     @property
     def pool_bytes(self) -> int:
         return self.pool.numel() * self.pool.element_size()
 
+    # ---- copies ---------------------------------------------------------------------------------
     def load(self, slot: int, layer: int, expert: int, priority: int = DEMAND) -> None:
-        """Copy an expert from the store into ``slot``; asynchronous on an asynchronous device.
+        """Copy one expert from the store into ``slot`` (a wave of one)."""
+        self.load_wave([slot], layer, [expert], priority)
 
-        ``priority``: ``device.DEMAND`` or ``device.PREFETCH`` (a prefetch yields to demand copies).
+    def load_wave(self, slots: Sequence[int], layer: int, experts: Sequence[int], priority: int = DEMAND) -> None:
+        """Copy ``experts[i]`` of ``layer`` into ``slots[i]`` as one wave (one event); no slot twice.
+
+        ``priority``: ``backend.DEMAND`` or ``backend.PREFETCH`` (a prefetch yields to demand copies).
         """
+        if not len(slots):
+            return
         start = time.perf_counter()
-        dst = self.pool[slot]
-        self.slot_tags[slot] = -1  # overwritten from here on: holds no whole expert until the copy is done
-        after = []
-        if self.asynchronous:
-            earlier = self.ready.pop(slot, None)  # a copy into this slot nobody has waited for yet
-            if earlier is not None and not self.backend.cancel(earlier):
-                after.append(earlier)  # in flight: this one lands after it
-            # Compute queued earlier may still read this slot's previous expert: wait for it only.
-            if slot in self.in_use:
-                after.append(self.in_use.pop(slot))
-            for lo, hi in [r for r in self.in_use_ranges if r[0] <= slot < r[1]]:
-                # once waited for, later copies queue behind it: forget it
-                after.append(self.in_use_ranges.pop((lo, hi)))
-        event = self.backend.copy(lambda non_blocking: self._copy(dst, layer, expert, non_blocking),
-                                  self.store.expert_bytes, priority=priority, after=after)
+        slots = [int(s) for s in slots]
+        self.slot_tags[slots] = -1  # overwritten from here on: holds no whole expert until issued
+        after = self._hazards(slots, priority) if self.asynchronous else []
+        fills = [self._fill(slot, layer, int(e)) for slot, e in zip(slots, experts)]
+        event = self.backend.copy(slots, fills, self.store.expert_bytes, priority=priority, after=after)
+        if self.staging is not None:
+            self.staging.release(event)
         if event is not None:
-            self.ready[slot] = event
-        self.slot_tags[slot] = (layer, expert)
+            access = Access(event, {priority})
+            for slot in slots:
+                self.ready[slot] = event
+                self.last[slot] = access
+            if self.backend.can_cancel:
+                for slot in slots:
+                    self.prior[slot] = after
+        self.slot_tags[slots] = np.column_stack([np.full(len(slots), layer), np.asarray(experts, dtype=np.int64)])
+        self.waves += 1
         self.copy_seconds += time.perf_counter() - start
-        self.bytes_copied += self.store.expert_bytes
+        self.bytes_copied += self.store.expert_bytes * len(slots)
+
+    def _hazards(self, slots: list[int], priority: int) -> list[Any]:
+        """The events a copy on ``priority``'s stream into ``slots`` must wait for (each once); marks them waited."""
+        out: dict[int, Any] = {}
+        for slot in slots:
+            access = self.last.get(slot)
+            if access is None or priority in access.waited:
+                continue
+            if self.ready.get(slot) is access.event and self.backend.cancel(access.event, slot):
+                del self.ready[slot]  # superseded before it started: what it waited for, this copy waits for
+                for event in self.prior.pop(slot, ()):
+                    out[id(event)] = event
+                continue
+            access.waited.add(priority)
+            out[id(access.event)] = access.event
+        if self.range_reads:
+            arr = np.asarray(slots)
+            for (lo, hi), access in list(self.range_reads.items()):
+                if priority not in access.waited and bool(((arr >= lo) & (arr < hi)).any()):
+                    access.waited.add(priority)
+                    out[id(access.event)] = access.event
+        return list(out.values())
+
+    def _fill(self, slot: int, layer: int, expert: int):
+        dst = self.pool[slot]
+        return lambda non_blocking: self._copy(dst, layer, expert, non_blocking)
 
     def _copy(self, dst: torch.Tensor, layer: int, expert: int, non_blocking: bool) -> None:
         row = self.store.flat(layer, expert)
         if row is not None:
             dst.copy_(row, non_blocking=non_blocking)
             return
+        parts = self.store.weights(layer, expert)
+        if non_blocking:  # pageable (memory-mapped) rows go through a pinned staging buffer
+            dst.copy_(self.staging.stage(parts), non_blocking=True)
+            return
         n = self.store.hidden * self.store.inter
-        for p, part in enumerate(self.store.weights(layer, expert)):
-            dst[p * n : (p + 1) * n].copy_(part.reshape(-1), non_blocking=non_blocking)
+        for p, part in enumerate(parts):
+            dst[p * n : (p + 1) * n].copy_(part.reshape(-1))
 
+    # ---- reads ----------------------------------------------------------------------------------
     def mark_used(self, slot: int) -> None:
         """Record that compute reading ``slot`` has been queued (a later copy into it waits for it)."""
-        event = self.backend.compute_event()
+        self.mark_used_many([slot])
+
+    def mark_used_many(self, slots) -> None:
+        """Record that a kernel reading ``slots`` has been queued: one event for all of them."""
+        event = self.backend.compute_event(slots)
         if event is not None:
-            self.in_use[slot] = event
+            access = Access(event)
+            for slot in slots:
+                self.last[int(slot)] = access
+
+    def mark_used_range(self, lo: int, hi: int) -> None:
+        """:meth:`mark_used_many` for the slots ``lo..hi-1``: one event, no work per slot."""
+        event = self.backend.compute_event(range(lo, hi))
+        if event is not None:
+            self.range_reads[(lo, hi)] = Access(event)  # a later kernel over the range implies the earlier one
+
+    def wait_ready(self, slots) -> None:
+        """Make compute wait for the copies into ``slots`` still in flight (the emulated device: the host)."""
+        if not self.ready:
+            return
+        waves: dict[int, tuple[Any, list[int]]] = {}
+        for slot in slots:
+            event = self.ready.pop(int(slot), None)
+            if event is not None:
+                waves.setdefault(id(event), (event, []))[1].append(int(slot))
+        for event, wave in waves.values():
+            try:
+                self.backend.compute_wait(event)
+            except BaseException:
+                self.slot_tags[wave] = -1  # the copies of this wave may not have landed: trust none of them
+                raise
+
+    def wait_ready_range(self, lo: int, hi: int) -> None:
+        """:meth:`wait_ready` for the slots ``lo..hi-1`` (only copies still in flight are looked at)."""
+        if self.ready:
+            self.wait_ready([slot for slot in self.ready if lo <= slot < hi])
+
+    def pending_events(self, slots: Sequence[int], priority: int = DEMAND) -> list[Any]:
+        """What a copy into ``slots`` would wait for, without marking anything (``live_timing``)."""
+        out = [a.event for s in slots if (a := self.last.get(int(s))) is not None and priority not in a.waited]
+        for (lo, hi), access in self.range_reads.items():
+            if priority not in access.waited and any(lo <= s < hi for s in slots):
+                out.append(access.event)
+        return out
 
     def layer_views(self, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Slots ``lo..hi-1`` as grouped-GEMM weights: ``gate_up [n, 2I, H]`` and ``down [n, H, I]`` (views).
@@ -100,32 +208,6 @@ class ExpertCache:
         rows = self.pool[lo:hi]
         return rows[:, : 2 * i * h].view(hi - lo, 2 * i, h), rows[:, 2 * i * h :].view(hi - lo, h, i)
 
-    def wait_ready(self, slots) -> None:
-        """Make compute wait for the copies into ``slots`` still in flight (the emulated device: the host)."""
-        if self.ready:
-            for slot in slots:
-                event = self.ready.pop(int(slot), None)
-                if event is not None:
-                    self.backend.compute_wait(event)
-
-    def wait_ready_range(self, lo: int, hi: int) -> None:
-        """:meth:`wait_ready` for the slots ``lo..hi-1`` (only copies still in flight are looked at)."""
-        if self.ready:
-            self.wait_ready([slot for slot in self.ready if lo <= slot < hi])
-
-    def mark_used_range(self, lo: int, hi: int) -> None:
-        """:meth:`mark_used_many` for the slots ``lo..hi-1``: one event, no work per slot."""
-        event = self.backend.compute_event()
-        if event is not None:
-            self.in_use_ranges[(lo, hi)] = event
-
-    def mark_used_many(self, slots) -> None:
-        """:meth:`mark_used` for several slots read by one queued (grouped) computation: one event."""
-        event = self.backend.compute_event()
-        if event is not None:
-            for slot in slots:
-                self.in_use[int(slot)] = event
-
     def synchronize(self) -> None:
         """Wait for every copy in flight (before the slots are read outside the executor)."""
         if self.ready:
@@ -133,6 +215,5 @@ class ExpertCache:
 
     def weights(self, slot: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Views of a slot's (gate, up, down); compute first waits for its copy."""
-        if slot in self.ready:
-            self.backend.compute_wait(self.ready.pop(slot))
+        self.wait_ready([slot])
         return split_expert(self.pool[slot], self.store.hidden, self.store.inter)

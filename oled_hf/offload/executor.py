@@ -38,7 +38,7 @@ keeps each expert's pairs in pair order) and the same grouped kernel and combine
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,8 +52,8 @@ from ..modeling.experts import (
     sort_pairs,
     swiglu_expert,
 )
+from .backend import PREFETCH, Pending
 from .controller import DeferredAccess
-from .device import PREFETCH
 from .layer_plan import LayerPlan
 from .live_timing import copies_may_wait, record_end, record_start
 
@@ -97,13 +97,28 @@ def unpack_routing(packed: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return packed[:, :k], np.ascontiguousarray(packed[:, k:]).view(np.float32)
 
 
-def routing_to_host(topk_ids: torch.Tensor, topk_weights: torch.Tensor, need_weights: bool):
-    """The routing as NumPy: a view on the CPU, else one device-to-host transfer (weights only if needed)."""
-    if topk_ids.is_cpu:
-        return topk_ids.numpy(), topk_weights.detach().numpy() if need_weights else None
+def host_routing(topk_ids: torch.Tensor, topk_weights: torch.Tensor, need_weights: bool):
+    """The routing as NumPy on a host device (views on the CPU): no transfer, nothing to wait for."""
+    def to_np(t: torch.Tensor) -> np.ndarray:
+        return t.detach().numpy() if t.device.type == "cpu" else t.detach().cpu().numpy()
+    return to_np(topk_ids), to_np(topk_weights) if need_weights else None
+
+
+def routing_to_host(backend, topk_ids: torch.Tensor, topk_weights: torch.Tensor, need_weights: bool,
+                    buffer: torch.Tensor | None = None):
+    """The routing on the host now (ids and, if needed, gate weights in one transfer): one counted host sync.
+
+    On CUDA through the pinned ``buffer`` (shape of the packed routing) and an event; the arrays
+    are copied out of it, so the buffer may be reused at once.
+    """
+    if not backend.cuda:
+        backend.count_sync()
+        return host_routing(topk_ids, topk_weights, need_weights)
     if not need_weights:
-        return topk_ids.cpu().numpy(), None
-    return unpack_routing(pack_routing(topk_ids, topk_weights).cpu().numpy(), topk_ids.shape[-1])
+        return backend.to_host(topk_ids, buffer).copy(), None
+    packed = backend.to_host(pack_routing(topk_ids, topk_weights), buffer)
+    ids, weights = unpack_routing(packed, topk_ids.shape[-1])
+    return ids.copy(), weights.copy()
 
 
 @dataclass
@@ -120,11 +135,13 @@ class OffloadedExpertsExecutor:
         self.runtime = runtime
         self.moe_index = moe_index
         self.slot_map: SlotMap | None = None  # valid while the layer's slots are unchanged (all hits)
-        self._pinned: torch.Tensor | None = None  # host buffer of the deferred routing (CUDA)
-        self._pinned_busy = False  # a deferred access has not read it yet
+        self.buffers = HostBuffers(runtime.cache.backend)  # pinned transfer buffers of this layer (CUDA)
+        self._deferred_busy = False  # a deferred access has not read its routing buffer yet
 
     def __call__(self, moe_block, hidden_states, topk_ids, topk_weights):
         rt = self.runtime
+        backend = rt.cache.backend
+        outer, backend.layer = backend.layer, self.moe_index  # host syncs from here on are this layer's
         try:
             if (rt.defer_routing and rt.controller.holds_all(self.moe_index)
                     and grouped_supported(hidden_states.device.type, hidden_states.dtype)):
@@ -136,6 +153,8 @@ class OffloadedExpertsExecutor:
             # so the next forward neither trusts a failed copy nor loses the tokens it would give.
             rt.recover()
             raise
+        finally:
+            backend.layer = outer
 
     # ---- all hits: no host sync --------------------------------------------------------------
     def _run_all_hits(self, hidden_states, topk_ids, topk_weights):
@@ -153,10 +172,10 @@ class OffloadedExpertsExecutor:
         waited = self._waited(cache.wait_ready_range, m.lo, m.hi)
         out = grouped_swiglu(hidden_states[pairs.token_index], gate_up, down, pairs.offs)
         cache.mark_used_range(m.lo, m.hi)
-        self._prefetch_next()
-        if rt.profile and cache.cuda:
-            torch.cuda.synchronize(cache.device)
-        rt.timing["gpu"][self.moe_index] += time.perf_counter() - start - waited
+        other = self._prefetch_next()
+        if rt.profile and cache.asynchronous:
+            cache.backend.synchronize()
+        rt.timing["gpu"][self.moe_index] += time.perf_counter() - start - waited - other
         rt.controller.flush(wait=False)  # earlier accesses whose routing has landed: plan them now
         if rt.controller.dispatcher.calibrator is not None:  # one observation per access, as replay gives
             rt.controller.dispatcher.observe(rt.controller.copy_timer.landed_seconds_per_copy(), None, None)
@@ -169,97 +188,103 @@ class OffloadedExpertsExecutor:
         lo, hi = int(slots.min()), int(slots.max()) + 1
         keys = np.empty(self.runtime.num_experts, dtype=np.int64)
         keys[experts] = slots - lo
-        self.slot_map = SlotMap(lo, hi, torch.from_numpy(keys).to(self.runtime.cache.device))
+        self.slot_map = SlotMap(lo, hi, self.runtime.cache.backend.upload(keys))
         return self.slot_map
 
     def _deferred_access(self, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> DeferredAccess:
-        """The routing on its way to the host, as the planned path would have read it."""
+        """The routing on its way to the host, as the planned path would have read it.
+
+        Read when the controller plans it: without waiting if its transfer has landed (the usual case:
+        a later layer's routing or the decoder synchronised since), else with one counted host sync.
+        """
         layer, need_w = self.moe_index, self.runtime.controller.policy.uses_weights
-        if not topk_ids.is_cuda:  # the CPU: a view when planned; another device: one copy then
-            return DeferredAccess(layer, lambda: routing_to_host(topk_ids, topk_weights, need_w))
+        backend = self.runtime.cache.backend
+        if not backend.cuda:  # the host holds it already: views, nothing to wait for
+            return DeferredAccess(layer, lambda: host_routing(topk_ids, topk_weights, need_w))
         packed = pack_routing(topk_ids, topk_weights)
-        if self._pinned_busy or self._pinned is None or self._pinned.shape[0] < packed.shape[0] \
-                or self._pinned.shape[1] != packed.shape[1]:
-            self._pinned = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
-        buffer = self._pinned
-        host = buffer[: packed.shape[0]]
-        host.copy_(packed, non_blocking=True)
-        landed = torch.cuda.Event()
-        landed.record(torch.cuda.current_stream(topk_ids.device))
-        self._pinned_busy = True
+        # a buffer of its own while an earlier deferred access of this layer has not read its routing
+        pending = backend.download(packed, None if self._deferred_busy else self.buffers.get("deferred", packed))
+        self._deferred_busy = True
         ids_dtype = torch.empty(0, dtype=topk_ids.dtype).numpy().dtype
         k = topk_ids.shape[-1]
 
         def routing():
-            landed.synchronize()
+            if pending.ready():
+                host = backend.finish(pending)
+            else:
+                outer, backend.layer = backend.layer, layer
+                try:
+                    host = backend.wait(pending)
+                finally:
+                    backend.layer = outer
             ids, weights = unpack_routing(host.numpy().copy(), k)
-            if self._pinned is buffer:
-                self._pinned_busy = False
+            self._deferred_busy = False
             return (ids, weights) if need_w else (ids.astype(ids_dtype), None)  # the planned path's arrays
 
-        return DeferredAccess(layer, routing, landed.query)
+        return DeferredAccess(layer, routing, pending.ready)
 
     # ---- planned -------------------------------------------------------------------------------
     def _run(self, moe_block, hidden_states, topk_ids, topk_weights):
-        rt, layer = self.runtime, self.moe_index
+        rt, layer, backend = self.runtime, self.moe_index, self.runtime.cache.backend
         clock = time.perf_counter
         rt.routing_transfers[layer] += 1
         self._shadows()  # the last access's, while the device runs up to this layer's router
         t0 = clock()
-        host_ids, host_w = routing_to_host(topk_ids, topk_weights, rt.controller.policy.uses_weights)
+        need_w = rt.controller.policy.uses_weights
+        host_ids, host_w = routing_to_host(backend, topk_ids, topk_weights, need_w,
+                                           self.buffers.get("routing", topk_ids if not need_w else
+                                                            (topk_ids.shape[0], 2 * topk_ids.shape[-1]), torch.int32)
+                                           if backend.cuda else None)
+        t1 = clock()
+        rt.controller.flush()  # earlier deferred accesses (their routing landed before this layer's): own timers
+        t2 = clock()
         plan = rt.controller.plan(layer, host_ids, host_w)
         waves = plan_waves(plan)
-        rt.timing["policy"][layer] += clock() - t0
-        device, k = hidden_states.device, topk_ids.shape[-1]
-        grouped = grouped_supported(device.type, hidden_states.dtype)
+        rt.timing["policy"][layer] += (t1 - t0) + (clock() - t2)
+        k = topk_ids.shape[-1]
+        grouped = grouped_supported(hidden_states.device.type, hidden_states.dtype)
         flat = topk_ids.reshape(-1)
         per_pair = hidden_states.new_empty(flat.numel(), hidden_states.shape[-1])
 
-        cpu_job = cpu_pairs = cpu_s = None
-        if plan.cpu:
-            cpu_experts = sorted(plan.cpu)
-            cpu_pairs, host_x, cpu_offs = self._cpu_inputs(cpu_experts, plan.counts, host_ids.reshape(-1),
-                                                           hidden_states, k)
-            if rt.overlap_cpu:  # the CPU works while the device computes hits and copies
-                cpu_job = rt.cpu_pool().submit(self._cpu_experts, cpu_experts, host_x, cpu_offs)
-            else:
-                out, cpu_s = self._cpu_experts(cpu_experts, host_x, cpu_offs)
-                per_pair[cpu_pairs] = out.to(device)
-
         calibrating = rt.controller.dispatcher.calibrator is not None
-        t, copying = clock(), 0.0
+        t, copying, other = clock(), 0.0, 0.0
         waited = rt.timing["copy_wait"][layer]
-        issued = None  # the first copy wave goes before the hits compute unless it refills their slots (streamed)
+        issued = None  # the first copy wave goes before anything waits, unless it refills the hits' slots (streamed)
         first = next((w for w in waves if w.copies), None)
         if first is not None and rt.cache.asynchronous and (
                 waves[0].copies or not np.isin(first.slots, waves[0].slots).any()):
             self._load(list(zip(first.experts.tolist(), first.slots.tolist())), calibrating)
             issued = first
-        self._prefetch_next()  # behind this layer's demand copies, at low priority
         copying += clock() - t
-        for wave in waves:
+        other += self._prefetch_next()  # behind this layer's demand copies, at low priority
+
+        cpu = None
+        if plan.cpu:  # its inputs start for the host now; the CPU works while the device computes
+            tc = clock()
+            cpu = self._cpu_start(sorted(plan.cpu), plan.counts, host_ids.reshape(-1), hidden_states, k)
+            other += clock() - tc
+        keys = self._wave_keys(waves, flat) if grouped else None
+        for i, wave in enumerate(waves):
             if wave.copies and wave is not issued:
                 tc = clock()
                 self._load(list(zip(wave.experts.tolist(), wave.slots.tolist())), calibrating)
                 copying += clock() - tc
             if grouped:
-                self._device_wave(wave, flat, plan.counts, hidden_states, per_pair, k)
+                self._device_wave(wave, keys[i], plan.counts, hidden_states, per_pair, k)
             else:
                 self._device_loop(wave, host_ids.reshape(-1), hidden_states, per_pair, k)
-        if rt.profile and rt.cache.cuda:
-            torch.cuda.synchronize(rt.cache.device)
+        if rt.profile and rt.cache.asynchronous:
+            backend.synchronize()
         if plan.background:  # reuse copies (planner rule 4): for the next access, nothing here reads them
             tc = clock()
             self._load([(e, slot) for e, slot, _ in plan.background], calibrating)
             copying += clock() - tc
         rt.timing["copy"][layer] += copying
-        rt.timing["gpu"][layer] += clock() - t - copying - (rt.timing["copy_wait"][layer] - waited)
+        rt.timing["gpu"][layer] += clock() - t - copying - other - (rt.timing["copy_wait"][layer] - waited)
 
-        if cpu_job is not None:
-            t = clock()
-            out, cpu_s = cpu_job.result()
-            per_pair[cpu_pairs] = out.to(device)  # one transfer back
-            rt.timing["cpu_wait"][layer] += clock() - t
+        cpu_s = None
+        if cpu is not None:
+            cpu_s = self._cpu_finish(cpu, per_pair)
         if calibrating:  # on the main thread after the CPU result: observations in access order
             rt.controller.dispatcher.observe(rt.controller.copy_timer.landed_seconds_per_copy(),
                                              plan.counts[sorted(plan.cpu)] if cpu_s is not None else None, cpu_s)
@@ -275,24 +300,37 @@ class OffloadedExpertsExecutor:
         if self.runtime.controller.run_shadows():
             self.runtime.timing["shadow"][self.moe_index] += time.perf_counter() - start
 
-    def _prefetch_next(self) -> None:
+    def _prefetch_next(self) -> float:
         """The prefetch part's copies into the next layer (``CacheController.prefetch_next``), at low priority.
 
-        Issued right after this layer's plan and its demand copies: they use the copy engine's idle
-        time while this layer computes, a demand copy overtakes any that has not started, and the
-        next layer's compute waits for those it hits (``ExpertCache.wait_ready``).
+        Issued right after this layer's demand copies: they use the copy engine's idle time while
+        this layer computes, a demand copy overtakes any that has not started, and the next layer's
+        compute waits for those it hits (``ExpertCache.wait_ready``). The decision is charged to the
+        policy timer, the copies to the copy timer; returns the seconds spent (for the caller's timer).
         """
         rt = self.runtime
         if rt.controller.prefetcher is None:
-            return
+            return 0.0
+        start = time.perf_counter()
         nxt = self.moe_index + 1
         copies = rt.controller.prefetch_next(self.moe_index)
+        decided = time.perf_counter()
         if copies:
             if rt.executors[nxt].slot_map is not None:
                 rt.executors[nxt].slot_map = None  # its slots change
-            for e, slot, _ in copies:
-                rt.cache.load(slot, nxt, e, priority=PREFETCH)
+            rt.cache.load_wave([slot for _, slot, _ in copies], nxt, [e for e, _, _ in copies], priority=PREFETCH)
             rt.prefetches[nxt] += len(copies)
+        end = time.perf_counter()
+        rt.timing["policy"][self.moe_index] += decided - start
+        rt.timing["copy"][self.moe_index] += end - decided
+        return end - start
+    def _routing_buffer(self, topk_ids: torch.Tensor, need_weights: bool) -> torch.Tensor | None:
+        """The pinned buffer this layer's routing comes to the host through (CUDA; None elsewhere)."""
+        if not self.runtime.cache.backend.cuda:
+            return None
+        if need_weights:  # packed: ids and bit-cast fp32 weights, int32
+            return self.buffers.get("routing", (topk_ids.shape[0], 2 * topk_ids.shape[-1]), torch.int32)
+        return self.buffers.get("routing", tuple(topk_ids.shape), topk_ids.dtype)
 
     def _waited(self, wait, *args) -> float:
         """Run ``wait`` (the cache's wait for copies in flight) and charge the time it blocked to ``copy_wait``.
@@ -308,23 +346,36 @@ class OffloadedExpertsExecutor:
         return waited
 
     def _load(self, copies: list[tuple[int, int]], timed: bool) -> None:
-        """Load ``(expert, slot)`` pairs of this layer; ``timed`` (calibrating, CUDA only): bracket them
-        with timing events on the copy stream unless it may wait for compute (``live_timing``)."""
+        """Load ``(expert, slot)`` pairs of this layer as one wave; ``timed`` (calibrating, CUDA only): bracket
+        them with timing events on the copy stream unless it may wait for compute (``live_timing``)."""
         cache = self.runtime.cache
         slots = [slot for _, slot in copies]
-        start = record_start(cache.copy_stream) if timed and cache.cuda and not copies_may_wait(cache, slots) else None
-        for e, slot in copies:
-            cache.load(slot, self.moe_index, e)
+        timed = timed and cache.cuda and not copies_may_wait(cache, slots)
+        start = record_start(cache.backend.api, cache.copy_stream) if timed else None
+        cache.load_wave(slots, self.moe_index, [e for e, _ in copies])
         if start is not None:
-            self.runtime.controller.copy_timer.add(record_end(start, cache.copy_stream, len(copies)))
+            self.runtime.controller.copy_timer.add(record_end(cache.backend.api, start, cache.copy_stream, len(copies)))
 
-    def _device_wave(self, wave: Wave, flat, counts: np.ndarray, hidden_states, per_pair, k: int) -> None:
+    def _wave_keys(self, waves: list[Wave], flat: torch.Tensor) -> list[tuple[int, int, torch.Tensor]]:
+        """Per wave: its slot range ``lo, hi`` and each routed pair's group key (slot - lo; hi - lo: not in
+        the wave), on the device. The expert -> key tables of all waves go up in one upload."""
+        tables, ranges = [], []
+        for wave in waves:
+            lo, hi = int(wave.slots.min()), int(wave.slots.max()) + 1
+            key_of = np.full(self.runtime.num_experts, hi - lo, dtype=np.int64)
+            key_of[wave.experts] = wave.slots - lo
+            tables.append(key_of)
+            ranges.append((lo, hi))
+        if not tables:
+            return []
+        keys = self.runtime.cache.backend.upload(np.stack(tables))
+        return [(lo, hi, keys[i][flat]) for i, (lo, hi) in enumerate(ranges)]
+
+    def _device_wave(self, wave: Wave, keyed: tuple[int, int, torch.Tensor], counts: np.ndarray, hidden_states,
+                     per_pair, k: int) -> None:
         """One grouped SwiGLU over the slot range the wave touches; groups keyed by slot."""
         cache = self.runtime.cache
-        lo, hi = int(wave.slots.min()), int(wave.slots.max()) + 1
-        key_of = np.full(self.runtime.num_experts, hi - lo, dtype=np.int64)  # hi - lo: not in this wave
-        key_of[wave.experts] = wave.slots - lo
-        keys = torch.from_numpy(key_of).to(flat.device, non_blocking=True)[flat]
+        lo, hi, keys = keyed
         pairs = sort_pairs(keys, hi - lo, k)
         n = int(np.add.reduce(counts[wave.experts]))  # rows of this wave (sorted first)
         rows = pairs.order[:n]
@@ -334,29 +385,55 @@ class OffloadedExpertsExecutor:
         cache.mark_used_many(wave.slots.tolist())
 
     def _device_loop(self, wave: Wave, host_flat: np.ndarray, hidden_states, per_pair, k: int) -> None:
-        """Fallback where the device has no grouped GEMM for this dtype: the per-expert loop."""
+        """Fallback where the device has no grouped GEMM for this dtype: the per-expert loop (one upload a wave)."""
         cache = self.runtime.cache
-        for e, slot in zip(wave.experts.tolist(), wave.slots.tolist()):
-            rows = torch.from_numpy(np.flatnonzero(host_flat == e)).to(hidden_states.device)
+        experts, slots = wave.experts.tolist(), wave.slots.tolist()
+        rows_of = [np.flatnonzero(host_flat == e) for e in experts]
+        bounds = np.concatenate(([0], np.cumsum([r.size for r in rows_of]))).tolist()
+        rows_all = cache.backend.upload(np.concatenate(rows_of))
+        self._waited(cache.wait_ready, slots)
+        for slot, a, b in zip(slots, bounds[:-1], bounds[1:]):
+            rows = rows_all[a:b]
             per_pair[rows] = swiglu_expert(hidden_states[rows // k], *cache.weights(slot))
-            cache.mark_used(slot)
+        cache.mark_used_many(slots)
 
-    def _cpu_inputs(self, experts: list[int], counts: np.ndarray, host_flat: np.ndarray, hidden_states, k: int):
-        """The CPU experts' pairs (device index, expert-sorted), their rows on the host (one transfer), offs."""
-        on_cpu = np.zeros(self.runtime.num_experts, dtype=bool)
+    # ---- CPU experts ---------------------------------------------------------------------------
+    def _cpu_start(self, experts: list[int], counts: np.ndarray, host_flat: np.ndarray, hidden_states,
+                   k: int) -> CpuWork:
+        """Start the CPU experts: their pairs' rows go to the host without a wait here; the CPU pool's worker
+        waits for them (the layer's second host sync) while the device computes, or inline on a CPU device."""
+        rt, backend = self.runtime, self.runtime.cache.backend
+        on_cpu = np.zeros(rt.num_experts, dtype=bool)
         on_cpu[experts] = True
         pairs = np.flatnonzero(on_cpu[host_flat])
         pairs = pairs[np.argsort(host_flat[pairs], kind="stable")]
         offs = np.cumsum(counts[experts])
-        index = torch.from_numpy(pairs).to(hidden_states.device)
-        return index, hidden_states[index // k].to("cpu"), offs
+        index = backend.upload(pairs)
+        x = hidden_states[index // k]
+        pending = backend.download(x, self.buffers.get("cpu_x", tuple(x.shape), x.dtype) if backend.cuda else None)
+        if rt.overlap_cpu:  # the CPU works while the device computes hits and copies
+            return CpuWork(index, rt.cpu_pool().submit(self._cpu_experts, experts, pending, offs))
+        return CpuWork(index, None, self._cpu_experts(experts, pending, offs))
 
-    def _cpu_experts(self, experts: list[int], host_x: torch.Tensor, offs: np.ndarray) -> tuple[torch.Tensor, float]:
+    def _cpu_finish(self, work: CpuWork, per_pair: torch.Tensor) -> float:
+        """The CPU experts' output into ``per_pair`` (one upload, no wait); returns their compute seconds."""
+        rt = self.runtime
+        if work.job is not None:
+            t = time.perf_counter()
+            work.result = work.job.result()
+            rt.timing["cpu_wait"][self.moe_index] += time.perf_counter() - t
+        out, cpu_s = work.result
+        per_pair[work.index] = rt.cache.backend.upload(out)
+        return cpu_s
+
+    def _cpu_experts(self, experts: list[int], pending: Pending, offs: np.ndarray) -> tuple[torch.Tensor, float]:
         """All CPU-assigned experts of the layer: one grouped call over the store's layer buffer.
 
-        Returns the output and the call's wall time (seconds), which a calibrating dispatcher observes.
+        Waits for the inputs' transfer first (a counted host sync). Returns the output and the call's
+        wall time (seconds, the wait excluded), which a calibrating dispatcher observes.
         """
         rt = self.runtime
+        host_x = rt.cache.backend.wait(pending)
         start = time.perf_counter()
         views = rt.store.grouped_views(self.moe_index)
         if views is not None and grouped_supported("cpu", host_x.dtype):
@@ -372,6 +449,31 @@ class OffloadedExpertsExecutor:
         elapsed = time.perf_counter() - start
         rt.timing["cpu"][self.moe_index] += elapsed
         return out, elapsed
+
+
+@dataclass
+class CpuWork:
+    """A layer's CPU experts under way: the pairs they fill (device index), the pool's job or the inline result."""
+
+    index: torch.Tensor
+    job: Future | None
+    result: tuple[torch.Tensor, float] | None = None
+
+
+class HostBuffers:
+    """One layer's pinned transfer buffers, kept and grown, so a forward allocates none (CUDA)."""
+
+    def __init__(self, backend) -> None:
+        self.backend = backend
+        self.buffers: dict[tuple[str, torch.dtype], torch.Tensor] = {}
+
+    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        numel = int(np.prod(shape))
+        buf = self.buffers.get((name, dtype))
+        if buf is None or buf.numel() < numel:
+            size = max(numel, 2 * buf.numel() if buf is not None else numel)
+            buf = self.buffers[(name, dtype)] = self.backend.pinned((size,), dtype)
+        return buf[:numel].view(shape)
 
 
 def make_cpu_pool() -> ThreadPoolExecutor:

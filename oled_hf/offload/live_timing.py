@@ -18,7 +18,7 @@ run of loads, :func:`record_end` after it) brackets their transfer on the device
 at a later access, and only once its end event has completed (``event.query()``): reading never
 blocks the host, so timing adds no synchronisation. An interval in which the copy stream may wait
 for compute (a load into a slot whose previous expert a queued, unfinished kernel still reads,
-``ExpertCache.in_use``) would time that compute too: it is not recorded (:func:`copies_may_wait`).
+``ExpertCache.pending_events``) would time that compute too: it is not recorded (:func:`copies_may_wait`).
 Limits: if the host issues the loads more slowly than the link moves them (experts of a few KB) the
 interval measures the host's pace; a pageable (mmap) store's copies are staged by the driver. On a
 CPU device (no CUDA) copies are synchronous memcpys beside the CPU compute and are not timed at
@@ -30,8 +30,6 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
-
-import torch
 
 MAX_PENDING = 256  # intervals kept unread at most (the oldest is dropped: a stalled stream stops nothing)
 
@@ -73,23 +71,16 @@ class CopyTimer:
 
 def copies_may_wait(cache: Any, slots: list[int]) -> bool:
     """Whether loading ``slots`` may make the copy stream wait for compute (events not yet completed)."""
-    for slot in slots:
-        event = cache.in_use.get(slot)
-        if event is not None and not event.query():
-            return True
-        for (lo, hi), ev in cache.in_use_ranges.items():
-            if lo <= slot < hi and not ev.query():
-                return True
-    return False
+    return any(not event.query() for event in cache.pending_events(slots))
 
 
-def record_start(stream: Any) -> Any:
-    """A timing event recorded on ``stream`` (CUDA) before a run of loads."""
-    event = torch.cuda.Event(enable_timing=True)
+def record_start(api: Any, stream: Any) -> Any:
+    """A timing event recorded on ``stream`` before a run of loads (``api``: the CUDA backend's ``TorchCuda``)."""
+    event = api.event(timing=True)
     event.record(stream)
     return event
 
 
-def record_end(start: Any, stream: Any, copies: int) -> CopyInterval:
+def record_end(api: Any, start: Any, stream: Any, copies: int) -> CopyInterval:
     """The interval from ``start`` to now on ``stream``, holding ``copies`` copies."""
-    return CopyInterval(start, record_start(stream), copies)
+    return CopyInterval(start, record_start(api, stream), copies)

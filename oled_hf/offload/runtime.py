@@ -56,10 +56,17 @@ from .dispatch import resolve_cpu_compute
 from .executor import OffloadedExpertsExecutor, make_cpu_pool
 from .store import ExpertStore
 
-# host seconds per layer: planning, issuing copies, expert compute (copy waits excluded), CPU experts,
+# host seconds per layer: planning (and prefetch decisions), issuing copies, expert compute on the
+# cache's device (copy waits excluded; "gpu" for short, reported as ``device_seconds``), CPU experts,
 # waiting for the CPU pool's result, blocking on copies in flight (the emulated device; ~0 on CUDA),
 # the retention part's deferred work once the layer is issued (``adaptive``'s shadow caches)
 TIMERS = ("policy", "copy", "gpu", "cpu", "cpu_wait", "copy_wait", "shadow")
+
+
+def timer_key(name: str) -> str:
+    """The stats key of a timer: the device's expert compute is ``device_seconds`` (and ``gpu_seconds`` on CUDA only:
+    on a CPU or emulated device it is the CPU's time, which a ``gpu_`` name would misreport)."""
+    return f"{'device' if name == 'gpu' else name}_seconds"
 
 
 class _Serialised:
@@ -264,12 +271,20 @@ class OffloadRuntime(IterationObserver):
                 "hit_rate": hits / (hits + misses) if hits + misses else 0.0,
                 "evictions": int(st.evictions[layer]), "bytes_copied": int(st.bytes_copied[layer]),
                 "cpu_expert_tokens": int(st.cpu_expert_tokens[layer]),
-                **{f"{name}_seconds": float(self.timing[name][layer]) for name in TIMERS},
+                "host_syncs": int(self.cache.backend.syncs.get(layer, 0)),
+                **{timer_key(name): float(self.timing[name][layer]) for name in TIMERS},
             })
+            if self.cache.cuda:
+                per_layer[-1]["gpu_seconds"] = per_layer[-1]["device_seconds"]
         total = {key: sum(row[key] for row in per_layer) for key in per_layer[0] if key not in ("layer", "hit_rate")}
         lookups = total["hits"] + total["misses"]
         total["hit_rate"] = total["hits"] / lookups if lookups else 0.0
         total["forwards"] = self.forwards
+        # blocking host waits for the device (routing reads, CPU-expert inputs, staging buffers): the
+        # layers' plus those outside any layer's call; per MoE layer access, as the issue budget reads them
+        total["host_syncs"] = int(sum(self.cache.backend.syncs.values()))
+        accesses = int(sum(st.accesses))
+        total["host_syncs_per_access"] = total["host_syncs"] / accesses if accesses else 0.0
         system = self.controller.system
         return {
             "policy": system.retention, "system": system.parts if system.prefetch != "none" else
@@ -297,8 +312,9 @@ class OffloadRuntime(IterationObserver):
             self.prefetches[:] = 0
             self.forwards = 0
             backend = self.cache.backend
-            if hasattr(backend, "blocking_waits"):  # the emulated device's wait counters
-                backend.blocking_waits, backend.late_s = 0, 0.0
+            backend.syncs.clear()
+            if hasattr(backend, "reset_counters"):  # the emulated device's wait counters
+                backend.reset_counters()
             self._take_snapshot()
 
 

@@ -54,7 +54,8 @@ def _log_controller(model):
 
 
 def _counters(stats):
-    drop = lambda row: {k: v for k, v in row.items() if not k.endswith("_seconds")}  # noqa: E731
+    drop = lambda row: {k: v for k, v in row.items()  # noqa: E731
+                        if not k.endswith("_seconds") and not k.startswith("host_syncs")}
     return drop(stats["total"]), [drop(row) for row in stats["layers"]]
 
 
@@ -69,11 +70,13 @@ def test_deferred_plans_equal_immediate_plans(tiny_path, reference, policy):
         log = _log_controller(model)
         assert torch.equal(model.generate(PROMPT, **GEN), reference), (policy, defer)
         stats = model.offload_stats()
-        runs[defer] = (log, _counters(stats), rt.routing_transfers.tolist(), stats["total"]["forwards"])
-    (log, counters, transfers, forwards), (log0, counters0, transfers0, forwards0) = runs[True], runs[False]
+        runs[defer] = (log, _counters(stats), rt.routing_transfers.tolist(), stats["total"]["forwards"],
+                       [row["host_syncs"] for row in stats["layers"]])
+    (log, counters, transfers, forwards, syncs), (log0, counters0, transfers0, forwards0, syncs0) = runs[True], runs[False]
     assert log == log0 and counters == counters0 and forwards == forwards0
     assert transfers0 == [forwards] * 3  # planned at once: one routing sync per layer access
     assert transfers[0] == transfers[2] == 0 and transfers[1] > 0
+    assert syncs0 == transfers0 and syncs == transfers  # the host syncs are the routing reads, nothing else
 
 
 def test_full_cache_logits_bit_identical_and_no_routing_sync(tiny_path, tiny_model):

@@ -97,6 +97,7 @@ def test_demand_copies_overtake_queued_prefetches_and_a_needed_prefetch_is_promo
 
 @pytest.mark.parametrize("kw, match", [
     (dict(bandwidth=0), "bandwidth=0 is invalid"),
+    (dict(bandwidth=1e-300 * 1e9), "bandwidth=1e-291 is invalid: must be a finite number of bytes/s >= 1000"),
     (dict(bandwidth=-1.0), "bandwidth=-1.0 is invalid"),
     (dict(bandwidth=float("nan")), "bandwidth=nan is invalid"),
     (dict(bandwidth=1e9, latency=-1e-6), "latency=-1e-06 is invalid"),
@@ -239,7 +240,7 @@ def test_back_to_back_copies_keep_the_links_pace():
     device = EmulatedDevice(bandwidth=1e6 / 0.5e-3, latency=0.0)  # 1 MB in 0.5 ms
     landed = []
     start = time.perf_counter()
-    events = [device.copy(lambda _: landed.append(1), 1_000_000) for _ in range(30)]
+    events = [device.copy([0], [lambda _: landed.append(1)], 1_000_000) for _ in range(30)]
     events[-1].synchronize()
     elapsed = time.perf_counter() - start
     assert len(landed) == 30 and device.busy_s == pytest.approx(30 * 0.5e-3)

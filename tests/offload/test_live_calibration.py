@@ -212,49 +212,66 @@ def test_copy_timer_ignores_empty_intervals_and_bounds_what_it_keeps():
     assert len(timer.pending) == MAX_PENDING and timer.pending[0].start.t == 5.0  # the oldest dropped
 
 
-class FakeCache:
-    """What ExpertCache the executor's timed load reads: in-use events, the copy stream, load()."""
+class _Store:
+    """Eight distinct experts of one layer (row ``e`` is all ``e + 1``), pinned layout."""
 
-    cuda = True
+    hidden, inter, dtype, num_experts, mode = 4, 2, torch.float32, 8, "pinned"
+    numel = 3 * 4 * 2
+    expert_bytes = numel * 4
 
-    def __init__(self, in_use=None, in_use_ranges=None):
-        self.in_use, self.in_use_ranges = dict(in_use or {}), dict(in_use_ranges or {})
-        self.copy_stream = "copy-stream"
-        self.loaded = []
+    def flat(self, layer, expert):
+        return torch.full((self.numel,), float(expert + 1))
 
-    def load(self, slot, layer, expert):
-        self.in_use.pop(slot, None)
-        self.loaded.append((slot, layer, expert))
+
+def _fake_cuda_cache(slots=32):
+    from oled_hf.offload.cache import ExpertCache
+    from oled_hf.offload.cuda_device import CudaDevice
+    from tests.offload.cuda_fake import FakeCuda
+
+    cuda = FakeCuda()
+    return ExpertCache(_Store(), slots, torch.device("cpu"), CudaDevice(torch.device("cpu"), api=cuda)), cuda
 
 
 def test_copies_may_wait_only_on_unfinished_compute():
-    busy, idle = FakeEvent(done=False), FakeEvent()
-    cache = FakeCache(in_use={1: idle, 2: busy}, in_use_ranges={(10, 14): busy, (20, 24): idle})
+    cache, cuda = _fake_cuda_cache()
+    cuda.track(32)
+    cuda.kernel([1])
+    cache.mark_used_many([1])
+    cuda.synchronize()  # that kernel has finished
+    cuda.kernel([2])
+    cache.mark_used_many([2])  # this one has not
+    cuda.kernel(range(10, 14))
+    cache.mark_used_range(10, 14)
     assert not copies_may_wait(cache, [0, 1, 5, 21])  # no event, or its compute has finished
     assert copies_may_wait(cache, [0, 2])
     assert copies_may_wait(cache, [12])
+    cuda.synchronize()
+    assert not copies_may_wait(cache, [2, 12])
 
 
 def test_executor_times_a_run_of_loads_unless_it_may_wait_on_compute(monkeypatch):
     clock = iter(range(100))
-    monkeypatch.setattr(executor_module, "record_start", lambda stream: FakeEvent(float(next(clock))))
+    monkeypatch.setattr(executor_module, "record_start", lambda api, stream: FakeEvent(float(next(clock))))
     monkeypatch.setattr(executor_module, "record_end",
-                        lambda start, stream, n: CopyInterval(start, FakeEvent(float(next(clock))), n))
+                        lambda api, start, stream, n: CopyInterval(start, FakeEvent(float(next(clock))), n))
+    cache, cuda = _fake_cuda_cache()
+    cuda.track(32)
+    cuda.kernel([4, 5])
+    cache.mark_used_range(4, 6)  # a queued kernel still reads slots 4 and 5
 
     class Runtime:
-        cache = FakeCache(in_use_ranges={(4, 6): FakeEvent(done=False)})
-
         class controller:
             copy_timer = CopyTimer()
 
+    Runtime.cache = cache
     ex = OffloadedExpertsExecutor(Runtime, moe_index=3)
     ex._load([(7, 0), (8, 1)], timed=True)
-    assert Runtime.cache.loaded == [(0, 3, 7), (1, 3, 8)]
+    assert cache.slot_tags[:2].tolist() == [[3, 7], [3, 8]]
     assert [iv.copies for iv in Runtime.controller.copy_timer.pending] == [2]
     ex._load([(9, 5)], timed=True)  # slot 5: a queued kernel may still read it, the interval would time it
     ex._load([(9, 2)], timed=False)  # not calibrating: no events at all
-    assert len(Runtime.controller.copy_timer.pending) == 1 and len(Runtime.cache.loaded) == 4
+    assert len(Runtime.controller.copy_timer.pending) == 1 and cache.waves == 3
     assert Runtime.controller.copy_timer.landed_seconds_per_copy() == pytest.approx(0.5e-3)
-    Runtime.cache.cuda = False  # a CPU device: copies are synchronous memcpys, never timed
+    cache.cuda = False  # a CPU device: copies are synchronous memcpys, never timed
     ex._load([(1, 2)], timed=True)
     assert not Runtime.controller.copy_timer.pending

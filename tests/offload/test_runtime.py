@@ -73,8 +73,12 @@ def test_stats_and_reset(tiny_path):
     stats = model.offload_stats()
     assert len(stats["layers"]) == model.config.num_moe_layers
     for key in ("hits", "misses", "hit_rate", "evictions", "bytes_copied", "cpu_expert_tokens", "copy_seconds",
-                "gpu_seconds", "cpu_seconds", "policy_seconds"):
+                "device_seconds", "cpu_seconds", "policy_seconds", "host_syncs"):
         assert key in stats["total"] and key in stats["layers"][0]
+    # a CPU run has no GPU: its experts' compute is the device's (the CPU's), never reported as GPU time
+    assert "gpu_seconds" not in stats["total"] and "gpu_seconds" not in stats["layers"][0]
+    assert stats["total"]["host_syncs_per_access"] == stats["total"]["host_syncs"] / (
+        stats["total"]["forwards"] * model.config.num_moe_layers)
     assert stats["policy"] == "lru" and stats["total"]["forwards"] > 0
     model.reset_offload_stats()
     assert model.offload_stats()["total"]["hits"] == 0 and model.offload_stats()["total"]["forwards"] == 0
