@@ -26,6 +26,13 @@ Three dispatch modes (``DISPATCH_MODES``; a system names one, :mod:`oled_hf.offl
   ``reuse_copies`` CPU-computed misses whose predicted reuse is at least ``reuse_min`` are also
   copied off the critical path for the next access (the planner's rule 4).
 
+Knob ``admission`` (``all`` by default; ``ADMISSIONS``): with ``priority`` a miss the split would copy
+takes a slot only if the retention part ranks it above the resident it would evict (its predicted next
+use is sooner); otherwise it is computed on the CPU and the resident stays (``kernels._admit_by_priority``).
+Rule 4's reuse copies always obey that comparison. Any retention part can be composed with it: the
+ranking is the part's own priority. With CPU compute off it does nothing (every miss must be copied;
+this project has no staging slot that would let a miss be used once without displacing a resident).
+
 Knob ``shared_dram`` (off by default): the dispatcher charges a read-bound CPU expert at the rate
 host DRAM leaves it while the copy engine reads it too (``CostModel.cpu_shared_fixed_s``; equal to
 the plain rate where the believed DRAM bandwidth covers both), the sharing replay times.
@@ -54,6 +61,9 @@ from .online_calibration import CalibrationSettings, OnlineCalibrator
 # auto: on beside an accelerator, off where the device is the CPU (resolve_cpu_compute)
 CPU_COMPUTE_MODES = ("auto", "on", "off")
 DISPATCH_MODES = ("copy", "cpu", "cpu+reuse")
+# who may take a slot: every miss the split copies (``all``), or only one that outranks its would-be victim
+# in the retention part's priority (``priority``; with CPU compute off every miss is copied either way)
+ADMISSIONS = ("all", "priority")
 
 
 def resolve_cpu_compute(mode: str, accelerator: bool) -> str:
@@ -82,6 +92,7 @@ class Dispatcher:
         reuse_copies: int = 0,
         reuse_min: float = 1.0,
         shared_dram: bool = False,
+        admission: str = "all",
     ) -> None:
         """``cpu_compute`` off: mode ``copy``; else ``cpu``, or ``cpu+reuse`` with ``reuse_copies`` > 0.
 
@@ -101,7 +112,10 @@ class Dispatcher:
         self.cpu_compute = cpu_compute
         self.reuse_copies = reuse_copies
         self.reuse_min = float(reuse_min)
+        if admission not in ADMISSIONS:
+            raise ValueError(f"admission={admission!r} is unknown; allowed: {', '.join(ADMISSIONS)}")
         self.shared_dram = bool(shared_dram)
+        self.admission = admission
         self._costs: tuple[CostModel | None, np.ndarray] | None = None
         self.calibrator: OnlineCalibrator | None = None
 
@@ -133,14 +147,14 @@ class Dispatcher:
 
     @classmethod
     def for_mode(cls, mode: str, cost_model: CostModel | None, *, reuse_copies: int = 2,
-                 reuse_min: float = 1.0, shared_dram: bool = False) -> Dispatcher:
+                 reuse_min: float = 1.0, shared_dram: bool = False, admission: str = "all") -> Dispatcher:
         """The dispatcher of a system's dispatch part (``DISPATCH_MODES``)."""
         if mode not in DISPATCH_MODES:
             raise ValueError(f"dispatch={mode!r} is unknown; allowed: {', '.join(DISPATCH_MODES)}")
         if mode == "copy":
             return cls(cost_model, "off", reuse_copies=0)
         return cls(cost_model, "on", reuse_copies=reuse_copies if mode == "cpu+reuse" else 0, reuse_min=reuse_min,
-                   shared_dram=shared_dram)
+                   shared_dram=shared_dram, admission=admission)
 
     @property
     def mode(self) -> str:
@@ -158,7 +172,8 @@ class Dispatcher:
         replaced, e.g. by ``with_overrides``, never changed in place)."""
         cm = self.cost_model
         if self._costs is None or self._costs[0] is not cm:
-            costs = np.zeros(6)
+            costs = np.zeros(7)
+            costs[6] = 1.0 if self.admission == "priority" and self.cpu_enabled else 0.0
             if cm is not None and self.cpu_enabled:
                 fixed = cm.cpu_shared_fixed_s if self.shared_dram else cm.cpu_expert_fixed_s
                 costs[:6] = (cm.copy_time(), cm.cpu_overhead_s, fixed, cm.cpu_s_per_token,

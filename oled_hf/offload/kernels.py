@@ -454,6 +454,44 @@ def apply_copies(flags, new, evicted, slots, slot_expert):
 
 
 @jit
+def _admit_by_priority(misses, take, resident, counts, prio, n_free):
+    """Admission by prediction (the dispatch knob ``admission=priority``): of the misses the split would
+    copy, those beyond the free slots take a victim only if they rank above it; the rest stay on the CPU.
+
+    The highest-ranked copies take the free slots; then the j-th next-highest copy is compared with the
+    j-th lowest-ranked idle resident (the planner's victim order), and the first that does not outrank its
+    victim ends the admissions. Ties keep the resident (a copy must earn its slot).
+    """
+    nt = 0
+    for i in range(misses.shape[0]):
+        if take[i]:
+            nt += 1
+    need = nt - n_free
+    if need <= 0:
+        return
+    cand = np.empty(nt, dtype=np.int64)
+    keys = np.empty(nt)
+    j = 0
+    for i in range(misses.shape[0]):
+        if take[i]:
+            cand[j] = i
+            keys[j] = -prio[misses[i]]
+            j += 1
+    order = cand[np.argsort(keys, kind="mergesort")]  # best first, ties by id
+    victims = lowest_idle(resident, counts, prio, need)
+    n_ok = n_free
+    for v in range(victims.shape[0]):
+        if prio[misses[order[n_ok]]] > prio[victims[v]]:
+            n_ok += 1
+        else:
+            break
+    if victims.shape[0] < need and n_ok == n_free + victims.shape[0]:  # the request streams past the capacity
+        n_ok = nt
+    for j in range(n_ok, nt):
+        take[order[j]] = False
+
+
+@jit
 def plan_access(layer, counts, flags_all, tables, free_n, slot_expert, prio, adm, use_adm, reuse_mode, reuse_row,
                 flat, entry_cls, stab, capacity, total_tokens, cpu_enabled, bg_copies, bg_min_reuse, costs, out):
     """One access of ``CacheState.plan``, in place over the state arrays (the module rules of ``planner``).
@@ -467,7 +505,8 @@ def plan_access(layer, counts, flags_all, tables, free_n, slot_expert, prio, adm
     their victims, then (row 9) the counts: hits, misses, copies, CPU experts, CPU tokens, reuse
     copies, copies into free slots, reuse copies into free slots, dead on arrival, whether a copy
     streamed through a slot of this access. ``tables`` is ``[slot of each expert, free-slot stack]``
-    per layer; ``costs`` the dispatcher's constants (``Dispatcher.kernel_costs``); ``reuse_mode``
+    per layer; ``costs`` the dispatcher's constants (``Dispatcher.kernel_costs``: copy time, CPU and GPU
+    costs, then 1 for admission by priority, ``_admit_by_priority``); ``reuse_mode``
     1: ``reuse_row`` is the policy's reuse, 2: OLED's rule from ``flat``, ``entry_cls``, ``stab``.
     Few arguments: each costs ~0.15 us to pass.
     """
@@ -511,6 +550,8 @@ def plan_access(layer, counts, flags_all, tables, free_n, slot_expert, prio, adm
                     reuse[i] = _reuse_at(misses[i], reuse_mode, reuse_row, log_miss)
             g0 = gf * nh + gs * np.float64(total_tokens - miss_sum)
             split_misses(tokens, reuse, admitted, capacity - nh, g0, copy_t, ov, cf, cs, gf, gs, take)
+    if costs[6] != 0.0 and cpu_enabled and nm > 0:
+        _admit_by_priority(misses[:nm], take, flags[0], counts, prio, free_n[layer])
     nc = 0
     for i in range(nm):
         if take[i]:
@@ -661,6 +702,6 @@ def warm_up() -> None:
         tables = np.stack((np.full((1, 2), -1), np.zeros((1, 2), dtype=i64)))
         plan_access(0, np.ones(2, dtype=i64), np.zeros((1, 2, 2), dtype=bool), tables, np.ones(1, dtype=i64),
                     np.full(1, -1), np.zeros(2), np.ones(2, dtype=bool), False, mode, np.ones(2), ids.reshape(-1),
-                    np.zeros(2, dtype=ip), stab, 1, 2, True, 1, 1.0, np.array([1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0]),
+                    np.zeros(2, dtype=ip), stab, 1, 2, True, 1, 1.0, np.array([1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0]),
                     np.zeros((10, 10), dtype=i64))
     _warm = True

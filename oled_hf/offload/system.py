@@ -46,13 +46,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .costmodel import CostModel
-from .dispatch import DISPATCH_MODES, Dispatcher
+from .dispatch import ADMISSIONS, DISPATCH_MODES, Dispatcher
 from .online_calibration import CALIBRATION_KNOBS, settings_from_knobs
 from .policies import make_policy, make_prefetcher
 from .policies.prefetch import PREFETCHERS, Prefetcher
 
 RETENTIONS = ("oled", "lru", "lfu", "static", "tide", "moe-infinity", "score", "phase", "previous-set",
-              "value", "mix", "horizon", "adaptive", "next-oracle", "belady", "belady-reuse", "lru-reuse", "foresight")
+              "value", "mix", "horizon", "adaptive", "learned", "next-oracle", "belady", "belady-reuse", "lru-reuse", "foresight")
 # oracles of the report's ladder: they read the trace's future
 REPLAY_ONLY_RETENTIONS = ("next-oracle", "belady", "belady-reuse", "lru-reuse", "foresight")
 ALLOCATIONS = ("uniform", "adaptive")
@@ -260,7 +260,7 @@ def build_dispatcher(system: System, cost_model: CostModel | None) -> Dispatcher
     The knobs are validated whatever the dispatch; a ``copy`` dispatch reads no cost, so it is not calibrated.
     """
     dk = system.part_knobs("dispatch")
-    known = ("reuse_copies", "reuse_min", "shared_dram", *CALIBRATION_KNOBS)
+    known = ("reuse_copies", "reuse_min", "shared_dram", "admission", *CALIBRATION_KNOBS)
     unknown = set(dk) - set(known)
     if unknown:
         raise ValueError(f"unknown dispatch knob(s): {', '.join(sorted(unknown))}; known: {', '.join(known)}")
@@ -268,8 +268,12 @@ def build_dispatcher(system: System, cost_model: CostModel | None) -> Dispatcher
     if not isinstance(shared, (bool, int)) or shared not in (0, 1):
         raise ValueError(f"dispatch knob shared_dram={shared!r} is invalid: must be true or false")
     calibration = settings_from_knobs(dk)
+    admission = dk.get("admission", "all")
+    if admission not in ADMISSIONS:
+        raise ValueError(f"dispatch knob admission={admission!r} is unknown; allowed: {', '.join(ADMISSIONS)}")
     d = Dispatcher.for_mode(system.dispatch, cost_model, reuse_copies=int(dk.get("reuse_copies", 2)),
-                            reuse_min=float(dk.get("reuse_min", 1.0)), shared_dram=bool(shared))
+                            reuse_min=float(dk.get("reuse_min", 1.0)), shared_dram=bool(shared),
+                            admission=admission)
     if calibration is not None and d.cpu_enabled:
         d.enable_calibration(calibration)
     return d

@@ -381,11 +381,13 @@ def replay(
     pred_ids = None
     pf_last = [0.0]  # the host time of the last prefetch decision made inside a host-timed access
 
-    def prefetch_step(l: int, plan: Any, lt: Any, plan_ready: float = 0.0) -> float:
+    def prefetch_step(l: int, plan: Any, lt: Any, plan_ready: float = 0.0, next_plan_s: float = 0.0) -> float:
         """The prefetch decision for layer l+1 and its copies; returns its host seconds.
 
         On the GPU timeline it runs on the host right after the plan (``plan_ready``); on the
         host timeline (``lt`` None) where the live executor makes it, after the first copy wave.
+        ``next_plan_s``: the host time layer l+1's plan will take (the stated planner time, or this
+        layer's measured one): its demand copies start only then, so it belongs to the window.
         """
         if prefetcher is None or l + 1 >= L:
             return 0.0
@@ -400,7 +402,7 @@ def replay(
         elif prefetcher.capped:
             # predicted benefit: a prefetch pays only if its copy starts before layer l+1 plans
             # (where its demand copy would start); later ones would be overtaken anyway
-            window = lt.end + nonexpert - max(tl.copy_free, plan_ready)
+            window = lt.end + nonexpert + next_plan_s - max(tl.copy_free, plan_ready)
             budget = max(math.ceil(window / cm.copy_time()), 0)
         pf = ctrl.prefetch(l + 1, budget, pc)
         pf_host = clock() - t0 if measured else 0.0
@@ -508,7 +510,7 @@ def replay(
                 exposed += lt.exposed_copy_s
                 compute += float(g.sum()) + (cm.gpu_layer_fixed_s if g.size else 0.0) + cpu
                 # the prefetch decision for layer l+1 runs on the host right after this plan
-                pf_host = prefetch_step(l, plan, lt, plan_ready)
+                pf_host = prefetch_step(l, plan, lt, plan_ready, host)
                 planner_total += host + pf_host + shadow_step(plan_ready)
                 full += nonexpert + cm.fused_layer_time(counts)
                 loop += nonexpert + cm.loop_layer_time(counts)

@@ -4,6 +4,7 @@ prefetch part (``prefetch.py``)."""
 from .adaptive import AdaptivePolicy
 from .base import CachePolicy, available_policies, make_policy
 from .horizon import HorizonPolicy
+from .learned import LearnedPolicy
 from .lfu import LFUPolicy
 from .lru import LRUPolicy, PrefetchPolicy
 from .mix import MixPolicy
@@ -24,6 +25,7 @@ __all__ = [
     "CachePolicy",
     "HorizonPolicy",
     "LFUPolicy",
+    "LearnedPolicy",
     "LRUPolicy",
     "LRUReusePolicy",
     "MixPolicy",

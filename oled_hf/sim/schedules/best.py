@@ -2,8 +2,9 @@
 
 The lower side is the valid LP bound (``sim/bounds/lp.py``, and ``sim/bounds/coupled.py``); the upper
 side is any schedule the timeline can run, so the least of several is kept. Each is timed as
-``replay`` times a system (one warm-up handling, the true cost model), none pays planner time (an
-offline schedule plans nothing on the host):
+``replay`` times a system (one warm-up handling, the true cost model) and pays the host planner time
+per layer access that every system is charged (``planner_s``: an offline schedule would still be
+executed by a planner; 0 gives the schedules' bare time):
 
 * the greedy offline schedule (``sim/schedules/greedy.py``: Belady retention, per-access copy count chosen
   on the timeline, best over its reuse credits);
@@ -48,10 +49,13 @@ class OfflineRows:
 
 
 def offline_schedules(trace: Trace, cm: CostModel, size: int, fair: System, warmup_sequences: int = 1,
-                      timed: np.ndarray | None = None) -> OfflineRows:
+                      timed: np.ndarray | None = None, planner_s: float = 0.0) -> OfflineRows:
     """Every offline schedule of the module docstring at ``size`` slots per layer (``fair``: whose dispatch the
     oracle replays keep). ``timed``: a mask of the forwards to time (a trace cut short) instead of every forward
-    after ``warmup_sequences``; only the two greedy schedules then (replay times whole sequences)."""
+    after ``warmup_sequences``; only the two greedy schedules then (replay times whole sequences).
+    ``planner_s``: host seconds charged per layer access, as replay charges a system's planner."""
+    if not (np.isfinite(planner_s) and planner_s >= 0):
+        raise ValueError(f"planner_s={planner_s!r} is invalid: must be a number >= 0 (seconds per layer access)")
     counts = request_counts(trace)
     oracle_replays = timed is None
     timed = timed_forwards(trace, warmup_sequences) if timed is None else timed
@@ -60,8 +64,8 @@ def offline_schedules(trace: Trace, cm: CostModel, size: int, fair: System, warm
         raise ValueError("offline schedules: the trace has no timed forward after its warm-up sequences")
     accs = accesses_of(counts, np.arange(int(idx[-1]) + 1))
     total, start = size * trace.num_layers, int(idx[0]) * trace.num_layers
-    greedy, credit = best_greedy(accs, cm, total, timed_from=start)
-    pre = best_search(accs, cm, total, timed_from=start, variants=PREFETCH_VARIANTS)
+    greedy, credit = best_greedy(accs, cm, total, timed_from=start, planner_s=planner_s)
+    pre = best_search(accs, cm, total, timed_from=start, variants=PREFETCH_VARIANTS, planner_s=planner_s)
     v = pre.variant
     rows = [(f"greedy offline schedule (credit {credit:g})", greedy),
             (f"greedy + prefetch into idle copy time (credit {v.credit:g}, horizon {v.horizon}, extra {v.extra})",
@@ -70,7 +74,7 @@ def offline_schedules(trace: Trace, cm: CostModel, size: int, fair: System, warm
         future = list(request_sets(trace))
         for label, base in (("belady + the strongest fair dispatch", fair),
                             ("belady, pure caching", pure_caching(fair))):
-            r = replay(trace, label, size, system=rung_system(base, "belady", future), cost_model=cm, planner_s=0.0,
-                       warmup_sequences=warmup_sequences)
+            r = replay(trace, label, size, system=rung_system(base, "belady", future), cost_model=cm,
+                       planner_s=planner_s, warmup_sequences=warmup_sequences)
             rows.append((f"{label} (offline)", r.sim_time_s))
     return OfflineRows(rows)

@@ -3,8 +3,8 @@
 A schedule says, per layer access, which missed experts are copied to the GPU (the others run on
 the CPU) and which resident experts are evicted to make room; the cache holds at most
 ``total_slots`` experts over all layers (any split, as ``lp_bound`` assumes). It is timed by
-:class:`~oled_hf.sim.timeline.Timeline` exactly as ``replay`` times a plan with no prefetch and no
-planner time: the non-expert part, demand copies issued at the plan on the one copy engine, the
+:class:`~oled_hf.sim.timeline.Timeline` exactly as ``replay`` times a plan with no prefetch and the
+planner time it is given per access (``planner_s``, default none; the report charges every system's): the non-expert part, demand copies issued at the plan on the one copy engine, the
 GPU experts in the order their weights are ready, the CPU batch concurrently (at the shared DRAM
 rate while the copy engine runs). So every schedule here is one the timeline's rules can run, and
 its time is an upper bound on the optimum of the model the LP relaxes.
@@ -51,14 +51,14 @@ def accesses_of(counts: np.ndarray, forwards: np.ndarray) -> list[Access]:
 
 def charge_access(tl: Timeline, acc: Access, hits: list[int], copied: list[int], cpu: list[int],
                   cm: CostModel, ready: dict[tuple[int, int], float],
-                  prefetch: list[tuple[int, int]] | None = None) -> float:
-    """Time one access on ``tl`` (replay's charging, no planner); returns its end.
+                  prefetch: list[tuple[int, int]] | None = None, planner_s: float = 0.0) -> float:
+    """Time one access on ``tl`` (replay's charging, ``planner_s`` of host planning per access); returns its end.
 
     ``prefetch``: (layer, expert) items queued behind the demand copies at the same plan, as replay
     issues prefetches at the plan, before the layer's experts run (so a CPU batch sharing host DRAM
     sees the engine busy with them too); their landing times go to ``ready``.
     """
-    start, plan_ready = tl.begin_layer(cm.nonexpert_s_per_layer, 0.0)
+    start, plan_ready = tl.begin_layer(cm.nonexpert_s_per_layer, planner_s)
     if copied:
         for e, land in zip(copied, tl.copies(len(copied), plan_ready)):
             ready[(acc.layer, e)] = float(land)
@@ -88,7 +88,7 @@ def _next_uses(accs: list[Access]) -> list[dict[int, int]]:
 
 
 def greedy_schedule(accs: list[Access], cm: CostModel, total_slots: int, timed_from: int = 0,
-                    reuse_credit: float = 0.0) -> float:
+                    reuse_credit: float = 0.0, planner_s: float = 0.0) -> float:
     """Seconds of the timed accesses (``timed_from`` on) under :func:`greedy_schedule`'s rules (module doc)."""
     if not (np.isfinite(reuse_credit) and reuse_credit >= 0):
         raise ValueError(f"reuse_credit={reuse_credit!r} must be a finite number >= 0")
@@ -129,7 +129,7 @@ def greedy_schedule(accs: list[Access], cm: CostModel, total_slots: int, timed_f
         for k in range(len(admits) + 1):
             copied = [e for e, _ in admits[:k]]
             end = charge_access(_copy.deepcopy(tl), acc, hits, copied, [e for e in misses if e not in copied], cm,
-                                dict(ready)) - credit[k]
+                                dict(ready), planner_s=planner_s) - credit[k]
             if end < best_end - 1e-15:
                 best_k, best_end = k, end
         copied = [e for e, _ in admits[:best_k]]
@@ -139,7 +139,7 @@ def greedy_schedule(accs: list[Access], cm: CostModel, total_slots: int, timed_f
             cache[(acc.layer, e)] = nxt[t][e]
         while len(cache) > total_slots:  # cannot happen: each admit had a slot or a victim
             raise AssertionError("greedy schedule over its slot budget")
-        charge_access(tl, acc, hits, copied, [e for e in misses if e not in copied], cm, ready)
+        charge_access(tl, acc, hits, copied, [e for e in misses if e not in copied], cm, ready, planner_s=planner_s)
     return max(tl.gpu_free, tl.host_free) - t0
 
 
@@ -147,11 +147,11 @@ CREDITS = (0.0, 0.25, 0.5, 1.0)  # reuse credits best_greedy tries
 
 
 def best_greedy(accs: list[Access], cm: CostModel, total_slots: int, timed_from: int = 0,
-                credits: tuple[float, ...] = CREDITS) -> tuple[float, float]:
+                credits: tuple[float, ...] = CREDITS, planner_s: float = 0.0) -> tuple[float, float]:
     """``(seconds, credit)`` of the fastest :func:`greedy_schedule` over ``credits``."""
     if not credits:
         raise ValueError("credits must name at least one reuse credit")
-    return min((greedy_schedule(accs, cm, total_slots, timed_from, c), c) for c in credits)
+    return min((greedy_schedule(accs, cm, total_slots, timed_from, c, planner_s), c) for c in credits)
 
 
 def exhaustive_optimum(accs: list[Access], cm: CostModel, total_slots: int) -> float:

@@ -87,7 +87,7 @@ def _admit(cache: dict[Item, int], protected: set[Item], item: Item, use: int,
 
 
 def search_schedule(accs: list[Access], cm: CostModel, total_slots: int, timed_from: int = 0,
-                    variant: Variant = Variant()) -> ScheduleStats:
+                    variant: Variant = Variant(), planner_s: float = 0.0) -> ScheduleStats:
     """Time :func:`search_schedule`'s rules (module doc) on the timeline; the timed accesses start at ``timed_from``."""
     if not (np.isfinite(variant.credit) and variant.credit >= 0) or variant.horizon < 0 or variant.extra < 0:
         raise ValueError(f"bad variant {variant}: credit >= 0, horizon >= 0, extra >= 0")
@@ -115,7 +115,7 @@ def search_schedule(accs: list[Access], cm: CostModel, total_slots: int, timed_f
         for k in range(len(admits) + 1):
             copied = [e for e, _ in admits[:k]]
             raw = charge_access(_copy.deepcopy(tl), acc, hits, copied, [e for e in misses if e not in copied], cm,
-                                dict(ready))
+                                dict(ready), planner_s=planner_s)
             if raw - credit[k] < best_end - 1e-15:
                 best_k, best_end, best_raw = k, raw - credit[k], raw
         copied = [e for e, _ in admits[:best_k]]
@@ -125,21 +125,23 @@ def search_schedule(accs: list[Access], cm: CostModel, total_slots: int, timed_f
             cache[(acc.layer, e)] = nxt[t][e]
         stats.demand_copies += len(copied)
         protected = {(acc.layer, e) for e in req}
-        pre = _prefetches(accs, t, cache, protected, tl, cm, total_slots, variant, best_raw, len(copied))
-        charge_access(tl, acc, hits, copied, [e for e in misses if e not in copied], cm, ready, pre)
+        pre = _prefetches(accs, t, cache, protected, tl, cm, total_slots, variant, best_raw, len(copied), planner_s)
+        charge_access(tl, acc, hits, copied, [e for e in misses if e not in copied], cm, ready, pre, planner_s)
         stats.prefetches += len(pre)
     stats.time_s = max(tl.gpu_free, tl.host_free) - t0
     return stats
 
 
 def _prefetches(accs: list[Access], t: int, cache: dict[Item, int], protected: set[Item], tl: Timeline,
-                cm: CostModel, total_slots: int, variant: Variant, end_est: float, n_demand: int) -> list[Item]:
+                cm: CostModel, total_slots: int, variant: Variant, end_est: float, n_demand: int,
+                planner_s: float = 0.0) -> list[Item]:
     """Admit prefetches for accesses ``t+1 .. t+horizon`` into ``cache`` (mutated); the items, in copy order."""
     if variant.horizon == 0 or t + 1 >= len(accs):
         return []
-    plan = max(tl.host_free, tl.gpu_free + cm.nonexpert_s_per_layer)  # t's plan (begin_layer, no planner time)
+    plan = max(tl.host_free, tl.gpu_free + cm.nonexpert_s_per_layer) + planner_s  # t's plan (begin_layer)
     engine = max(tl.copy_free, plan) + n_demand * tl.copy_s
-    budget = int(max(0.0, end_est + cm.nonexpert_s_per_layer - engine) // tl.copy_s) + variant.extra
+    # until the next access's plan: its non-expert part and its planning
+    budget = int(max(0.0, end_est + cm.nonexpert_s_per_layer + planner_s - engine) // tl.copy_s) + variant.extra
     out: list[Item] = []
     for u in range(t + 1, min(len(accs), t + 1 + variant.horizon)):
         a = accs[u]
@@ -154,8 +156,9 @@ def _prefetches(accs: list[Access], t: int, cache: dict[Item, int], protected: s
 
 
 def best_search(accs: list[Access], cm: CostModel, total_slots: int, timed_from: int = 0,
-                variants: tuple[Variant, ...] = VARIANTS) -> ScheduleStats:
+                variants: tuple[Variant, ...] = VARIANTS, planner_s: float = 0.0) -> ScheduleStats:
     """The fastest :func:`search_schedule` over ``variants`` (each a schedule the timeline runs)."""
     if not variants:
         raise ValueError("variants must name at least one schedule")
-    return min((search_schedule(accs, cm, total_slots, timed_from, v) for v in variants), key=lambda s: s.time_s)
+    return min((search_schedule(accs, cm, total_slots, timed_from, v, planner_s) for v in variants),
+               key=lambda s: s.time_s)
