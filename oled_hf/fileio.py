@@ -18,11 +18,16 @@ minutes on what it would write there.
 from __future__ import annotations
 
 import errno
+import logging
 import os
+import re
 import shutil
+import socket
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
+
+logger = logging.getLogger(__name__)
 
 
 def check_new_file(path: str | os.PathLike, *, overwrite: bool, field: str = "path",
@@ -167,9 +172,10 @@ def write_folder_atomically(build: Callable[[Path], object], target: str | os.Pa
     """
     target = Path(target)
     created = _make_parents(target.parent)
+    reclaim_leftovers(target)
     try:
         try:
-            tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+            tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.{_writer_id()}.", suffix=".tmp", dir=target.parent))
         except OSError as err:
             raise _write_error(target, err) from err
         try:
@@ -198,6 +204,85 @@ def write_folder_atomically(build: Callable[[Path], object], target: str | os.Pa
                 break
         raise
     return target
+
+
+def _writer_id() -> str:
+    """``PID@HOST`` of this process, in a temporary folder's name, so a later run can tell whose it was."""
+    host = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:32] or "host"
+    return f"{os.getpid()}@{host}"
+
+
+def _leftover_folders(target: Path) -> list[tuple[Path, int | None, str | None]]:
+    """Temporary folders that earlier writes of ``target`` left beside it: (folder, writer's pid, its host).
+
+    :func:`write_folder_atomically` removes its folder on any error and on Ctrl-C; a process killed
+    outright (SIGKILL, the OOM killer, a lost machine) cannot, and its folder (1.2 GB for a cut
+    mini) stays hidden behind its leading dot. Folders named before the writer was (no PID) give None.
+    """
+    name = re.escape(target.name)
+    pattern = re.compile(rf"\.{name}\.(?:(\d+)@([A-Za-z0-9-]+)\.)?[a-z0-9_]{{8}}\.tmp")
+    found = []
+    try:
+        entries = list(target.parent.iterdir())
+    except OSError:
+        return []
+    for entry in entries:
+        match = pattern.fullmatch(entry.name)
+        if match and entry.is_dir() and not entry.is_symlink():
+            pid = int(match.group(1)) if match.group(1) else None
+            found.append((entry, pid, match.group(2)))
+    return sorted(found)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: it exists
+        return True
+    return True
+
+
+def folder_size(folder: Path) -> int:
+    """Bytes of the plain files under ``folder`` (links not followed)."""
+    total = 0
+    for root, _, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def reclaim_leftovers(target: Path) -> list[Path]:
+    """Remove the temporary folders that killed writes of ``target`` on this host left; name the others.
+
+    A folder whose writer (by its PID, on this host) has ended is ours and dead: it is removed,
+    with a warning naming it and its size. One whose writer may still run (its PID is alive, it was
+    written on another host sharing the folder, or it predates the PID in the name) is left alone
+    and named, so its disk use is no longer hidden. Returns the folders removed.
+    """
+    host = _writer_id().split("@", 1)[1]
+    removed = []
+    for folder, pid, writer_host in _leftover_folders(target):
+        size = size_text(folder_size(folder))
+        if pid is not None and writer_host == host and pid != os.getpid() and not _running(pid):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+            logger.warning("removed %s (%s), left by an earlier write of %s whose process (PID %d) ended before it "
+                           "finished", folder, size, target, pid)
+        else:
+            who = f"process {pid} on {writer_host}" if pid is not None else "an earlier write"
+            logger.warning("%s holds %s left by %s of %s that has not finished; if no process is writing there, "
+                           "remove it: rm -r %s", folder, size, who, target, folder)
+    return removed
+
+
+def size_text(n: int) -> str:
+    """``31.9 GiB``, or ``12.0 MiB`` below a GiB (a small folder's size would read "0.0 GiB")."""
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def _make_parents(folder: Path) -> list[Path]:

@@ -19,7 +19,7 @@ from .families import decoding_defaults
 from .output_folder import check_output_folder, detach_links, remove_stale_shards, safetensors_os_errors
 from .presets import DEFAULT_DTYPE, SHARD_SIZE, STREAMED, preset_config_kwargs
 from .streaming import write_random_checkpoint
-from .tokenizer import build_official_tokenizer, build_tokenizer, special_token_ids
+from .tokenizer import build_official_tokenizer, build_tokenizer, check_official_vocab_size, special_token_ids
 
 GENERATION_DEFAULTS = dict(block_length=32, threshold=0.95, steps=32, max_new_tokens=64, do_sample=False,
                            eos_early_stop=True)
@@ -80,6 +80,7 @@ def make_checkpoint(
     dtype: str | None = None,
     family: str = "llada2.0",
     overwrite: bool = False,
+    quiet: bool = False,
     **overrides,
 ) -> Path:
     """Write a checkpoint folder and return its path; ``family="llada2.1"`` writes 2.1 decoding defaults.
@@ -94,7 +95,7 @@ def make_checkpoint(
     With ``overwrite``, symlinks and hard links among the folder's checkpoint files are removed
     (the files they point to, another checkpoint's, are kept), the new files replace theirs by
     name, and the folder's other ``model-XXXXX-of-XXXXX.safetensors`` shards are deleted, as
-    ``save_pretrained`` into the folder did.
+    ``save_pretrained`` into the folder did. ``quiet``: no progress on stderr (a streamed preset shows it).
     """
     dtype = DEFAULT_DTYPE.get(preset, "float32") if dtype is None else dtype
     if dtype not in DTYPES:
@@ -102,9 +103,10 @@ def make_checkpoint(
     config = make_config(preset, **overrides)
     decoding = decoding_defaults(family)
     if preset in STREAMED:
+        check_official_vocab_size(config.vocab_size)  # the tokenizer is written last: refuse before the weights
         return write_random_checkpoint(
             out_dir, config, seed=seed, dtype=getattr(torch, dtype), shard_bytes=parse_size(SHARD_SIZE[preset]),
-            generation={**GENERATION_DEFAULTS, **decoding}, overwrite=overwrite,
+            generation={**GENERATION_DEFAULTS, **decoding}, overwrite=overwrite, quiet=quiet,
             tokenizer=lambda folder: build_official_tokenizer(folder, config.vocab_size)).path
     out = check_output_folder(out_dir, overwrite=overwrite)
     torch_dtype = getattr(torch, dtype)

@@ -11,8 +11,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ..modeling.params import DECODING_PRESETS
-
 FAMILIES = ("llada2.0", "llada2.1")
 _LLADA21 = re.compile(r"llada[-_]?2\.1", re.IGNORECASE)
 
@@ -28,6 +26,8 @@ def decoding_defaults(family: str) -> dict:
     for 2.1 (spelled out so a reader of the file, or a loader without presets, sees the values)."""
     if check_family(family) == "llada2.0":
         return {}
+    from ..modeling.params import DECODING_PRESETS  # here: FAMILIES is read by `oled-moe --help`, without torch
+
     return {"decoding": "quality", **DECODING_PRESETS["quality"]}
 
 

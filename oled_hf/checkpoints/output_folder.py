@@ -16,6 +16,7 @@ import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from ..fileio import check_writable_folder
 from .hub import expand_user
 
 # Names the project's writers create (save_pretrained, the tokenizer, the model code); only these are
@@ -54,6 +55,15 @@ def check_output_folder(out: str | os.PathLike, *, overwrite: bool, argument: st
         raise ValueError(f"{argument} {out} already holds files ({listing(path)}); writing a checkpoint there "
                          f"would replace or delete them: give a new or empty folder, or pass --overwrite "
                          f"(overwrite=True) to replace them")
+    check_writable_folder(nearest_folder(path.parent), field=argument, path=out)  # before the free-disk check:
+    return path  # a read-only mount reports 0 bytes free, and "needs 0.0 GiB, 0.0 GiB free" said nothing useful
+
+
+def nearest_folder(path: Path) -> Path:
+    """``path`` or its closest existing ancestor: where the writer's temporary folder (and any missing parents)
+    will be created."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
     return path
 
 

@@ -29,10 +29,11 @@ from pathlib import Path
 
 import torch
 
-from ..fileio import write_folder_atomically
+from ..fileio import size_text, write_folder_atomically
 from ..modeling import OledLLaDA2Config, OledLLaDA2ForDiffusionLM
 from ..modeling.auto_map import AUTO_MAP, CODE_VERSION, write_model_code
-from .output_folder import check_output_folder, detach_links, remove_stale_shards
+from ..progress import progress
+from .output_folder import check_output_folder, detach_links, nearest_folder, remove_stale_shards
 
 CHUNK = 1 << 24  # elements drawn at a time (64 MiB of fp32)
 SAFETENSORS_NAME = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
@@ -134,33 +135,32 @@ def tensor_chunks(spec: TensorSpec, seed: int, std: float):
         yield values if spec.dtype == torch.float32 else values.to(spec.dtype)
 
 
-def write_shard(path: Path, specs: list[TensorSpec], seed: int, std: float) -> None:
-    """Write one safetensors shard."""
+def write_shard(path: Path, specs: list[TensorSpec], seed: int, std: float, advance=lambda nbytes: None) -> None:
+    """Write one safetensors shard; ``advance(nbytes)`` after each chunk (the progress line)."""
     with open(path, "wb") as f:
         f.write(header_bytes(specs))
         for spec in specs:
             for chunk in tensor_chunks(spec, seed, std):
-                f.write(memoryview(chunk.view(torch.uint8).numpy()))
+                data = chunk.view(torch.uint8).numpy()
+                f.write(memoryview(data))
+                advance(data.nbytes)
 
 
 def check_free_disk(out: Path, needed: int) -> None:
     """Refuse, before anything is written, a checkpoint the disk under ``out`` cannot hold."""
-    parent = out if out.is_dir() else out.parent
-    while not parent.exists():
-        parent = parent.parent
+    parent = nearest_folder(out)
     free = shutil.disk_usage(parent).free
     if free < needed + DISK_MARGIN:
-        gib = 1 << 30
         raise ValueError(
-            f"{out}: this checkpoint needs {needed / gib:.1f} GiB of disk (+{DISK_MARGIN >> 20} MiB margin) "
-            f"but the disk holding {parent} has {free / gib:.1f} GiB free; nothing was written: free space "
+            f"{out}: this checkpoint needs {size_text(needed)} of disk (+{DISK_MARGIN >> 20} MiB margin) "
+            f"but the disk holding {parent} has {size_text(free)} free; nothing was written: free space "
             "or choose a folder on another disk")
 
 
 def write_random_checkpoint(out_dir: str | os.PathLike, config: OledLLaDA2Config, *, seed: int = 0,
                             dtype: torch.dtype = torch.bfloat16, shard_bytes: int = 5 * 10**9,
                             generation: dict | None = None, overwrite: bool = False,
-                            tokenizer=None) -> WriteResult:
+                            tokenizer=None, quiet: bool = False) -> WriteResult:
     """Write a random checkpoint of ``config`` to ``out_dir``, which must be new or empty unless ``overwrite``.
 
     Every check (folder, dtype, free disk for the planned shards) runs before the first byte. Built
@@ -169,6 +169,8 @@ def write_random_checkpoint(out_dir: str | os.PathLike, config: OledLLaDA2Config
     are removed (their targets are kept), other files are replaced by name, and shards the new
     index does not name are deleted. ``tokenizer``: ``build(folder)`` writing the tokenizer files
     (None: no tokenizer). ``shard_bytes``: 5 GB, the shard size ``save_pretrained`` used for years.
+    Progress goes to stderr (``oled_hf.progress``: a bar on a terminal, a line with the time left
+    every 10 s in a log; nothing with ``quiet``): mini takes minutes.
     """
     start = time.perf_counter()
     out = check_output_folder(out_dir, overwrite=overwrite)
@@ -176,24 +178,32 @@ def write_random_checkpoint(out_dir: str | os.PathLike, config: OledLLaDA2Config
     weight_bytes = sum(len(header_bytes(s)) + sum(t.nbytes for t in s) for s in shards)
     check_free_disk(out, weight_bytes)
     written: list[str] = []
+    bar = progress(total=max(1, weight_bytes >> 20), desc=f"writing {out.name}", unit="MiB", quiet=quiet)
+    done = [0]  # bytes written; the bar counts whole MiB
+
+    def advance(nbytes: int) -> None:
+        before = done[0] >> 20
+        done[0] += nbytes
+        bar.update((done[0] >> 20) - before)
 
     def build(folder: Path) -> None:
-        _write_files(folder, config, shards, seed=seed, dtype=dtype, generation=generation)
+        _write_files(folder, config, shards, seed=seed, dtype=dtype, generation=generation, advance=advance)
         if tokenizer is not None:
             tokenizer(folder)
         written.extend(p.name for p in folder.iterdir())
 
-    write_folder_atomically(build, out, before_install=detach_links)
+    with bar:
+        write_folder_atomically(build, out, before_install=detach_links)
     remove_stale_shards(out, keep=written)
     return WriteResult(out, weight_bytes, time.perf_counter() - start, len(shards))
 
 
 def _write_files(out: Path, config: OledLLaDA2Config, shards: list[list[TensorSpec]], *, seed: int,
-                 dtype: torch.dtype, generation: dict | None) -> None:
+                 dtype: torch.dtype, generation: dict | None, advance=lambda nbytes: None) -> None:
     """Every file of the checkpoint into the (new, temporary) folder ``out``."""
     weight_map = {}
     for name, specs in zip(shard_names(len(shards)), shards):
-        write_shard(out / name, specs, seed, config.initializer_range)
+        write_shard(out / name, specs, seed, config.initializer_range, advance)
         weight_map.update({spec.name: name for spec in specs})
     total = sum(spec.nbytes for specs in shards for spec in specs)  # tensor bytes, as save_pretrained counts
     (out / "model.safetensors.index.json").write_text(

@@ -122,6 +122,15 @@ OFFICIAL_SPECIAL_IDS = {ROLE_CLOSE_TOKEN: 156889, ROLE_OPEN_TOKEN: 156890, BOS_T
 OFFICIAL_BPE_SIZE = 4090  # what the shipped corpus trains to; every other id below the specials is reserved
 
 
+def check_official_vocab_size(vocab_size: int) -> None:
+    """Refuse a vocabulary without room for LLaDA2's official special ids (mask 156895): the writers call this
+    before the first weight is written, not after minutes of them."""
+    if vocab_size <= max(OFFICIAL_SPECIAL_IDS.values()):
+        raise ValueError(f"vocab_size={vocab_size} is too small for LLaDA2's official special ids "
+                         f"(mask {OFFICIAL_SPECIAL_IDS[MASK_TOKEN]}): need at least "
+                         f"{max(OFFICIAL_SPECIAL_IDS.values()) + 1}")
+
+
 def train_bpe_official(vocab_size: int) -> Tokenizer:
     """A tokenizer of exactly ``vocab_size`` ids with the special tokens at LLaDA2's official ids.
 
@@ -132,10 +141,7 @@ def train_bpe_official(vocab_size: int) -> Tokenizer:
     as official tokenizers reserve theirs.
     """
     lowest = min(OFFICIAL_SPECIAL_IDS.values())
-    if vocab_size <= max(OFFICIAL_SPECIAL_IDS.values()):
-        raise ValueError(f"vocab_size={vocab_size} is too small for LLaDA2's official special ids "
-                         f"(mask {OFFICIAL_SPECIAL_IDS[MASK_TOKEN]}): need at least "
-                         f"{max(OFFICIAL_SPECIAL_IDS.values()) + 1}")
+    check_official_vocab_size(vocab_size)
     bpe = train_bpe(OFFICIAL_BPE_SIZE + len(SPECIAL_TOKENS))
     data = json.loads(bpe.to_str())
     data["added_tokens"] = []

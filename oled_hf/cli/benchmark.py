@@ -1,9 +1,10 @@
 """``oled-moe benchmark``: TPOT and cache behaviour per system, next to full residency, in one run.
 
-Flags follow the reference tool (``--model --device --gen-length --block-length --cache-size
---warmup-runs --runs --profile --report-dir``) plus ``--system`` (composed systems, several),
-``--policy`` (legacy policy names, several) and ``--json``; the budget is ``--cache-size``
-(several), ``--cache-ratio`` (a fraction or ``auto``) or ``--max-gpu-memory``.
+Flags follow the reference tool (``--model --device --block-length --cache-size --warmup-runs
+--runs --profile --report-dir``) plus ``--system`` (composed systems, several) and ``--json``; the
+answer length is ``--max-new-tokens`` as in every command (the reference tool's ``--gen-length``
+is a deprecated alias, as is ``--policy``, the old retention names); the budget is
+``--cache-size`` (several), ``--cache-ratio`` (a fraction or ``auto``) or ``--max-gpu-memory``.
 Every configuration decodes the same prompts; tokens are checked against the resident run.
 
 Configurations are measured round-robin: all are loaded first, then each run decodes every
@@ -26,12 +27,12 @@ from pathlib import Path
 
 from ..fileio import check_new_files, write_text_atomically
 from ..offload.config import KNOWN_POLICIES
-from ..offload.dispatch import CPU_COMPUTE_MODES
+from ..options.aliases import DeprecatedFlag, add_alias
 from ..options.budget import add_budget_arguments, budget_choices, budget_name, check_budget_device
 from ..options.model import add_device_argument, add_model_argument
 from ..progress import add_quiet_argument, progress
 from .benchmark_profile import format_split
-from .common import cpu_compute_note, resolve_device, resolve_model
+from .common import add_command, cpu_compute_note, resolve_device, resolve_model
 
 REPORT_NAME = "report.json"  # what --report-dir holds
 DEFAULT_PROMPTS = ["Tell me a story about a ship that sails across the sea.",
@@ -40,11 +41,24 @@ DEFAULT_PROMPTS = ["Tell me a story about a ship that sails across the sea.",
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("benchmark", help="TPOT, hit rate, bytes copied per policy vs full residency")
+    add_command(sub, "benchmark", "TPOT, hit rate, bytes copied per system vs full residency", configure)
+
+
+def legacy_policy_advice(policies: list[str]) -> str:
+    """What to write instead of ``--policy P ...``: the systems those names ran (with --cpu-compute auto)."""
+    from ..offload.system import spelling, system_of_legacy
+
+    return f"use --system {' '.join(spelling(system_of_legacy(p)) for p in policies)} (the systems it ran)"
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    from ..offload.dispatch import CPU_COMPUTE_MODES
+
     add_model_argument(p)
     add_device_argument(p)
     p.add_argument("--dtype", default=None, help="load dtype (default: the checkpoint's)")
-    p.add_argument("--gen-length", type=int, default=128, help="new tokens per prompt")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt")
+    add_alias(p, "--gen-length", "--max-new-tokens", "max_new_tokens", type=int, metavar="N")
     p.add_argument("--block-length", type=int, default=32, help="diffusion block length")
     p.add_argument("--threshold", type=float, default=None,
                    help="confidence threshold to commit a token (default: the checkpoint's generation_config)")
@@ -58,9 +72,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "replay only); "
                         "--cpu-compute off, or auto on a CPU-only device, still copies every miss "
                         "(default: none, or oled lru as --policy if neither flag is given)")
-    p.add_argument("--policy", nargs="+", default=None, choices=KNOWN_POLICIES,
-                   help="legacy retention policy names to measure, each with --cpu-compute and layer-adaptive "
-                        "allocation (default: oled lru, unless --system is given)")
+    p.add_argument("--policy", nargs="+", default=None, choices=KNOWN_POLICIES, action=DeprecatedFlag,
+                   advice=legacy_policy_advice,
+                   help="deprecated: old retention policy names to measure, each with --cpu-compute and "
+                        "layer-adaptive allocation; use --system (default: oled lru, unless --system is given)")
     p.add_argument("--cpu-compute", choices=list(CPU_COMPUTE_MODES), default="auto",
                    help="compute some misses on the CPU: auto = on beside an accelerator, off without one "
                         "(there host and device are the same cores); on = let the cost model split anyway")
@@ -82,7 +97,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--emulated-bandwidth-gbps", type=float, default=None,
                    help="--device emulated: the link's GB/s (default: an expert copies in the time PCIe 5 "
                         "copies LLaDA2.0-mini's, ~126 us)")
-    p.add_argument("--emulated-latency-us", type=float, default=5.0, help="--device emulated: per-copy latency")
+    p.add_argument("--emulated-latency-us", type=float, default=None,
+                   help="--device emulated: per-copy latency, us (default: 5)")
     p.add_argument("--loop-reference", action="store_true",
                    help="also time full residency with the per-expert loop (the grouped kernels' reference)")
     add_quiet_argument(p)
@@ -165,7 +181,7 @@ def generate_all(model, inputs, gen: dict):
 
 def measure_round_robin(configs: list[Measured], inputs, args, runs: int, warmup: int, tick=lambda: None) -> None:
     """Warm every configuration up, then per run decode every prompt with each, rotating the order."""
-    gen = dict(max_new_tokens=args.gen_length, block_length=args.block_length, return_dict_in_generate=True)
+    gen = dict(max_new_tokens=args.max_new_tokens, block_length=args.block_length, return_dict_in_generate=True)
     if args.threshold is not None:
         gen["threshold"] = args.threshold
     if args.steps is not None:
@@ -251,6 +267,16 @@ def offload_choices(args: argparse.Namespace) -> list[tuple[str, dict]]:
     return choices
 
 
+def check_counts(args: argparse.Namespace) -> None:
+    """The counts benchmark takes, refused before anything loads (``--runs 0`` failed after loading every model,
+    with "no median for empty data")."""
+    for flag, value, least in (("--runs", args.runs, 1), ("--warmup-runs", args.warmup_runs, 0),
+                               ("--max-new-tokens", args.max_new_tokens, 1), ("--block-length", args.block_length, 1),
+                               ("--steps", args.steps, 1)):
+        if value is not None and value < least:
+            raise ValueError(f"{flag} {value} is invalid: must be at least {least}")
+
+
 def benchmark(args: argparse.Namespace) -> int:
     import torch
     from transformers import AutoModelForCausalLM
@@ -261,8 +287,7 @@ def benchmark(args: argparse.Namespace) -> int:
     from ..modeling.experts import LOOP_EXECUTOR
     from ..offload.config import OffloadConfig
 
-    if args.steps is not None and args.steps < 1:
-        raise ValueError(f"--steps must be at least 1, got {args.steps}")
+    check_counts(args)
     budgets = budget_choices(args)
     if not budgets:
         raise ValueError("give a budget to compare: --cache-size N [N ...] (slots per MoE layer), --cache-ratio R "
@@ -281,8 +306,11 @@ def benchmark(args: argparse.Namespace) -> int:
         link = dict(device="emulated", emulated_bandwidth_gbps=args.emulated_bandwidth_gbps,
                     emulated_latency_us=args.emulated_latency_us)
         OffloadConfig(cache_size=1, **link)  # a bad link: one line, before anything loads
-    elif args.emulated_bandwidth_gbps is not None:
-        raise ValueError("--emulated-bandwidth-gbps needs --device emulated")
+    else:
+        given = [flag for flag, value in (("--emulated-bandwidth-gbps", args.emulated_bandwidth_gbps),
+                                          ("--emulated-latency-us", args.emulated_latency_us)) if value is not None]
+        if given:
+            raise ValueError(f"{' and '.join(given)} {'needs' if len(given) == 1 else 'need'} --device emulated")
     traces = tempfile.TemporaryDirectory(prefix="oled-benchmark-") if emulated else None
     if args.dtype:
         load["dtype"] = getattr(torch, args.dtype)
@@ -340,7 +368,7 @@ def benchmark(args: argparse.Namespace) -> int:
             rt = getattr(c.model, "_offload_runtime", None)
             timers = {} if rt is None else {k: float(v.sum()) for k, v in rt.timing.items()}
             rows[-1] = dataclasses.replace(rows[-1], profile=split(c.sections, timers, c.seconds, c.forwards))
-    report = {"model": str(path), "device": device, "gen_length": args.gen_length,
+    report = {"model": str(path), "device": device, "max_new_tokens": args.max_new_tokens,
               "block_length": args.block_length, "runs": args.runs, "order": "round-robin",
               "rows": [asdict(r) for r in rows]}
     if emulated:

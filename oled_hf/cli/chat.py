@@ -8,15 +8,25 @@ stdout, so it can be scripted. Loading messages and errors go to stderr.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
+from ..options.aliases import add_alias, deprecation_line
 from ..options.budget import budget_choices, check_budget_device
-from ..serve.options import add_serving_model_arguments, loading_problem, max_model_len_problem, model_argument
-from .common import resolve_device, resolve_model, standalone
+from ..serve.options import (
+    SYSTEM_HELP,
+    add_serving_model_arguments,
+    add_system_argument,
+    live_system,
+    loading_problem,
+    max_model_len_problem,
+    model_argument,
+)
+from .common import add_command, resolve_device, resolve_model, standalone
 
 PROMPT = ">>> "
 HELP = """commands:
@@ -32,14 +42,39 @@ DESCRIPTION = "chat with a model; replies stream block by block (reads a pipe to
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    configure(sub.add_parser("chat", help=DESCRIPTION))
+    add_command(sub, "chat", DESCRIPTION, configure)
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_serving_model_arguments(p)
-    p.add_argument("--max-tokens", type=int, default=256, help="most tokens per reply")
-    p.add_argument("--system", default=None, help="system prompt (default: none)")
+    add_system_argument(p, action=SystemOrPrompt, type=None,
+                        help=f"{SYSTEM_HELP}; a value with a space is read as the system prompt, as this flag did "
+                             "before (deprecated: use --system-prompt)")
+    p.add_argument("--system-prompt", default=None, metavar="TEXT", help="the system prompt (default: none)")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="most new tokens per reply")
+    add_alias(p, "--max-tokens", "--max-new-tokens", "max_new_tokens", type=int, metavar="N")
     p.set_defaults(func=chat)
+
+
+SYSTEM_NAME = re.compile(r"[A-Za-z0-9_.+-]+")  # what a system name (a preset, or parts joined by '+') is made of
+
+
+class SystemOrPrompt(argparse.Action):
+    """chat's ``--system``: the offloading system, as in every command; a value no system name could
+    be (a space, punctuation) is the system prompt, this flag's meaning before ``--system-prompt``,
+    with one deprecation line, so an old ``--system "You are terse."`` still runs as it did."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values,
+                 option_string: str | None = None) -> None:
+        if SYSTEM_NAME.fullmatch(values):
+            try:
+                namespace.system = live_system(values)
+            except argparse.ArgumentTypeError as err:
+                raise argparse.ArgumentError(self, f"{err} (a system prompt is --system-prompt TEXT)") from None
+            return
+        print(deprecation_line(parser.prog, "--system TEXT for the system prompt", "use --system-prompt TEXT"),
+              file=sys.stderr)
+        namespace.system_prompt = values
 
 
 class ChatSession:
@@ -181,8 +216,8 @@ def undecodable(err: UnicodeDecodeError) -> str:
 def chat(args: argparse.Namespace) -> int:
     from ..serve.engine import load_model
 
-    if args.max_tokens < 1:
-        raise ValueError(f"--max-tokens {args.max_tokens} is invalid: must be at least 1")
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens {args.max_new_tokens} is invalid: must be at least 1")
     if args.block_length is not None and args.block_length < 1:
         raise ValueError(f"--block-length {args.block_length} is invalid: must be at least 1")
     if args.threshold is not None and not 0.0 <= args.threshold <= 1.0:
@@ -197,10 +232,10 @@ def chat(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)  # a --device this machine lacks: one line, before anything loads
     budgets = budget_choices(args)
     check_budget_device(budgets, device)
-    model, tokenizer = load_model(path, device=device, budget=budgets[0] if budgets else None, policy=args.policy,
-                                  dtype=args.dtype, system=args.offload_system)
-    session = ChatSession(model, tokenizer, args.max_tokens, args.block_length, args.threshold, args.system,
-                          max_model_len=args.max_model_len)
+    model, tokenizer = load_model(path, device=device, budget=budgets[0] if budgets else None,
+                                  dtype=args.dtype, system=args.system)
+    session = ChatSession(model, tokenizer, args.max_new_tokens, args.block_length, args.threshold,
+                          args.system_prompt, max_model_len=args.max_model_len)
     interactive = sys.stdin.isatty()
     offloading = bool(budgets)
     print(f"loaded {path} on {model.device} (offloading {'on' if offloading else 'off'}); /help for commands",

@@ -7,10 +7,16 @@ import time
 
 from ..checkpoints.families import FAMILIES
 from ..checkpoints.presets import PRESETS
+from ..progress import add_quiet_argument
+from .common import add_command
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("make-tiny", help="write a random-weight LLaDA2 checkpoint (official layout)")
+    add_command(sub, "make-tiny", "write a random-weight LLaDA2 checkpoint (official layout)", configure_make_tiny)
+    add_command(sub, "prepare", "link an official LLaDA2 checkpoint so it loads as oled-hf classes", configure_prepare)
+
+
+def configure_make_tiny(p: argparse.ArgumentParser) -> None:
     p.add_argument("out", help="output folder")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
@@ -28,9 +34,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument(f"--{field.replace('_', '-')}", dest=field, type=int, default=None,
                        help=f"override the preset's {field} (default: the preset's)")
     add_overwrite_argument(p)
+    add_quiet_argument(p)
     p.set_defaults(func=make_tiny)
 
-    p = sub.add_parser("prepare", help="link an official LLaDA2 checkpoint so it loads as oled-hf classes")
+
+def configure_prepare(p: argparse.ArgumentParser) -> None:
     p.add_argument("src", help="official checkpoint folder (model_type llada2_moe), or its Hugging Face hub id "
                                "ORG/NAME[@REVISION] (offline, HF_HUB_OFFLINE=1: from the local HF cache)")
     p.add_argument("out", help="output folder (config, model code, symlinks to SRC's weights)")
@@ -54,7 +62,7 @@ def make_tiny(args: argparse.Namespace) -> int:
         raise ValueError(f"--layers {args.num_hidden_layers} is invalid: must be an integer >= 1")
     start = time.perf_counter()
     out = make_checkpoint(args.out, preset=args.preset, seed=args.seed, dtype=args.dtype, family=args.family,
-                          overwrite=args.overwrite, **overrides)
+                          overwrite=args.overwrite, quiet=args.quiet, **overrides)
     size = sum(f.stat().st_size for f in out.glob("*.safetensors"))
     print(f"wrote {args.preset} checkpoint ({args.family} decoding) to {out}: {size / 2**30:.2f} GiB of weights "
           f"in {time.perf_counter() - start:.1f} s")

@@ -7,10 +7,14 @@ can run on its own (``python -m oled_hf.cli.chat``) without going through ``main
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
+import threading
 import traceback
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 MAKE_ONE = ("`oled-moe make-tiny DIR` writes a random-weight checkpoint, "
@@ -31,6 +35,52 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         if "default" in text or unset or not action.option_strings:
             return text
         return f"{text} (default: %(default)s)"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser whose usage errors are one line, as every other ``oled-moe`` error is.
+
+    argparse prints the whole usage (a dozen lines for ``serve``) above the error; the line that
+    matters is the last, so that is the one printed, with where the usage is. Subparsers inherit it.
+    """
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {one_line(ValueError(message))} (see {self.prog} --help)\n")
+
+
+def add_command(sub: argparse._SubParsersAction, name: str, help: str,
+                configure: Callable[[argparse.ArgumentParser], None],
+                description: str | None = None) -> argparse.ArgumentParser:
+    """A subcommand whose options ``configure`` adds only when :func:`configure_commands` is told
+    it runs (or shows its help).
+
+    Why: adding a command's options may import what running it needs (the system grammar, the
+    simulator's flags); ``oled-moe --help`` lists every command and should import none of it.
+    """
+    p = sub.add_parser(name, help=help, description=description or help)
+    p.set_defaults(func=lambda args: p.print_help() or 2)  # until configure sets the command's own
+    vars(p)["_oled_configure"] = configure
+    return p
+
+
+def configure_commands(parser: argparse.ArgumentParser, argv: list[str] | None) -> None:
+    """Add the options of the command ``argv`` names (and of its subcommands); None: of every command.
+
+    The command is the first word of ``argv`` that is not an option: above a subcommand the
+    parsers take only flags without values (``--debug``, ``--version``, ``-h``).
+    """
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        words = [w for w in argv if not w.startswith("-")] if argv is not None else None
+        wanted = words[0] if words else None
+        for name, child in action.choices.items():
+            if argv is not None and name != wanted:
+                continue
+            configure = vars(child).pop("_oled_configure", None)
+            if configure is not None:
+                configure(child)
+            configure_commands(child, None if argv is None else argv[argv.index(name) + 1:])
 
 
 def resolve_device(device: str, source: str | None = None) -> str:
@@ -161,6 +211,20 @@ def user_error_types() -> tuple[type[BaseException], ...]:
     return tuple(types)
 
 
+# what an optional dependency is installed with (pyproject.toml's extras)
+EXTRAS = {"scipy": "eval", "lm_eval": "eval", "datasets": "eval", "evaluate": "eval", "fastapi": "serve",
+          "uvicorn": "serve", "openai": "serve", "httpx": "serve", "prometheus_client": "serve", "matplotlib": "plot"}
+
+
+def missing_extra(err: ModuleNotFoundError) -> str | None:
+    """``scipy is not installed; pip install 'oled-hf[eval]'`` for an optional dependency, else None."""
+    top = (err.name or "").split(".")[0]
+    extra = EXTRAS.get(top)
+    if extra is None:
+        return None
+    return f"{top} is not installed (it comes with the {extra} extra): pip install 'oled-hf[{extra}]'"
+
+
 def one_line(err: BaseException) -> str:
     """An exception's message on one line (transformers' OSErrors span several)."""
     text = " ".join(str(err).split())
@@ -181,7 +245,21 @@ def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace, comma
 
     quiet_library_bars(getattr(args, "quiet", False))  # no "Loading weights" bars in pipes or with --quiet
     try:
-        return int(args.func(args) or 0)
+        with terminate_as_interrupt():
+            return int(args.func(args) or 0)
+    except KeyboardInterrupt:  # Ctrl-C (or SIGTERM): what a command half-wrote was removed on the way out
+        if getattr(args, "debug", False):
+            traceback.print_exc()
+        print(f"oled-moe {command}: interrupted; files it was writing were removed", file=sys.stderr)
+        return 130
+    except ModuleNotFoundError as err:
+        message = missing_extra(err)
+        if message is None:
+            raise
+        if getattr(args, "debug", False):
+            traceback.print_exc()
+        print(f"oled-moe {command}: error: {message}", file=sys.stderr)
+        return 2
     except user_error_types() as err:
         if getattr(args, "debug", False):
             traceback.print_exc()
@@ -189,9 +267,31 @@ def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace, comma
         return 2
 
 
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (``kill``, a scheduler's timeout) raises KeyboardInterrupt while a command runs, as Ctrl-C does.
+
+    Python's default SIGTERM ends the process at once: no ``finally`` runs, so a checkpoint being
+    written stayed as a hidden temporary folder. As an exception it unwinds through the writers,
+    which remove what they half-wrote. Only in the main thread (where signals can be set).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def standalone(name: str, configure, help_text: str, argv: list[str] | None) -> int:
     """Run one subcommand as its own program, with the parser ``oled-moe NAME`` would use."""
-    parser = argparse.ArgumentParser(prog=f"oled-moe {name}", description=help_text, formatter_class=HelpFormatter)
+    parser = Parser(prog=f"oled-moe {name}", description=help_text, formatter_class=HelpFormatter)
     configure(parser)
     add_debug_argument(parser)
     return run_command(parser, parser.parse_args(argv), name)

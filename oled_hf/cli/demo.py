@@ -17,6 +17,7 @@ from pathlib import Path
 from ..options.budget import add_budget_arguments, budget_choices, budget_name, check_budget_device
 from ..options.model import MODEL_HELP, add_device_argument
 from .common import (
+    add_command,
     cpu_compute_note,
     default_model_path,
     resolve_device,
@@ -46,7 +47,10 @@ CPU_TIMES_NOTE = ("  on a CPU the offloaded runs are not expected to be faster: 
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="offloaded experts vs full residency: memory, hits, identical tokens, times")
+    add_command(sub, "demo", "offloaded experts vs full residency: memory, hits, identical tokens, times", configure)
+
+
+def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help=f"{MODEL_HELP} (default: the deep long-answer toy, oled_hf/toy/deep/checkpoint, once its "
                         "report shows every task solved, else oled_hf/toy/long/checkpoint)")

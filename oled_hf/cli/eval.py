@@ -26,7 +26,7 @@ from ..fileio import check_new_file, check_new_files, write_text_atomically
 from ..options.budget import BUDGET_KEYS, add_budget_arguments, budget_choices
 from ..options.model import add_device_argument, add_model_argument
 from ..progress import add_quiet_argument
-from .common import resolve_device, resolve_model
+from .common import add_command, resolve_device, resolve_model
 
 # lm-eval's name for the model this command always runs; ``--model oled_llada2`` (lm-eval's spelling,
 # where --model is the model type) therefore means "the checkpoint given by pretrained=, or the default".
@@ -34,8 +34,11 @@ LM_EVAL_MODEL = "oled_llada2"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("eval", help="run lm-eval tasks (offline) on a checkpoint, optionally with offloaded experts",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_command(sub, "eval", "run lm-eval tasks (offline) on a checkpoint, optionally with offloaded experts",
+                configure, description=__doc__)
+
+
+def configure(p: argparse.ArgumentParser) -> None:
     add_model_argument(p)
     p.add_argument("--tasks", required=True, help="comma-separated task names (toy_addition, toy_addition_mc, "
                    "gsm8k_local, any lm-eval task)")

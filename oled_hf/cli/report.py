@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from ..progress import add_quiet_argument, progress
+from .common import add_command
 from .report_sections import bracket_section, like_figures, miscalibration_section, seed_group_section
 from .report_tuning import Tuning, parse_dev_for, tune_on, tuning_for
 
@@ -19,9 +20,12 @@ def trace_kind(info) -> str:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    add_command(sub, "report", "replay traces through every system and write the evaluation report", configure)
+
+
+def configure(p: argparse.ArgumentParser) -> None:
     from ..sim.hardware import add_cost_model_args
 
-    p = sub.add_parser("report", help="replay traces through every system and write the evaluation report")
     p.add_argument("traces", nargs="+", help=f"held-out trace files (recorded by {RECORD_COMMAND})")
     p.add_argument("--dev", default=None,
                    help="dev-split trace (training prompts) on which every system's knobs are tuned and "

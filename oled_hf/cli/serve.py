@@ -7,10 +7,14 @@ import os
 import sys
 
 from ..options.budget import budget_choices, check_budget_device
-from ..serve.engine import DEFAULT_BATCH_WAIT_MS, DEFAULT_MAX_BATCH_SIZE, batching_problem
-from ..serve.guard import is_loopback
-from ..serve.options import add_serving_model_arguments, loading_problem, max_model_len_problem, model_argument
-from .common import resolve_device, resolve_model, served_model_name, standalone
+from ..serve.options import (
+    add_serving_model_arguments,
+    add_system_argument,
+    loading_problem,
+    max_model_len_problem,
+    model_argument,
+)
+from .common import add_command, resolve_device, resolve_model, served_model_name, standalone
 
 API_KEY_ENV = "OLED_MOE_API_KEY"
 
@@ -19,11 +23,14 @@ HELP = "serve one model over an OpenAI-compatible HTTP API (streams block by blo
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    configure(sub.add_parser("serve", help=HELP))
+    add_command(sub, "serve", HELP, configure)
 
 
 def configure(p: argparse.ArgumentParser) -> None:
+    from ..serve.batching import DEFAULT_BATCH_WAIT_MS, DEFAULT_MAX_BATCH_SIZE
+
     add_serving_model_arguments(p)
+    add_system_argument(p)
     p.add_argument("--served-model-name", default=None,
                    help="model name clients use (default: the config's oled_model_name, else the folder name)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
@@ -34,8 +41,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help=f"require 'Authorization: Bearer KEY' on /v1 and /metrics (default: ${API_KEY_ENV})")
     p.add_argument("--max-queue", type=int, default=16,
                    help="requests allowed to wait for the model; more are answered 429 at once")
-    p.add_argument("--max-batch-size", type=int, default=DEFAULT_MAX_BATCH_SIZE,
-                   help="most requests decoded together in one generate (1: one at a time)")
+    p.add_argument("--max-batch-size", "--max-num-seqs", type=int, default=DEFAULT_MAX_BATCH_SIZE,
+                   help="most requests decoded together in one generate (1: one at a time); --max-num-seqs is "
+                        "vLLM's name for it")
     p.add_argument("--batch-wait-ms", type=float, default=DEFAULT_BATCH_WAIT_MS,
                    help="how long the oldest waiting request waits for others to share its batch, in milliseconds")
     p.add_argument("--insecure", action="store_true",
@@ -90,7 +98,8 @@ def split_hosts(value: str) -> list[str]:
 
 def check_options(args: argparse.Namespace) -> str | None:
     """Why these options must not start a server, or None."""
-    from ..serve.guard import allowed_hosts_problem, api_key_problem
+    from ..serve.batching import batching_problem
+    from ..serve.guard import allowed_hosts_problem, api_key_problem, is_loopback
 
     key_problem = api_key_problem(args.api_key)
     if key_problem:
@@ -123,6 +132,8 @@ def check_options(args: argparse.Namespace) -> str | None:
 
 def insecure_warning(args: argparse.Namespace) -> str | None:
     """A loud banner when --insecure really exposes the model (a non-loopback host, no key)."""
+    from ..serve.guard import is_loopback
+
     if not args.insecure or args.api_key or is_loopback(args.host):
         return None
     line = "!" * 78
@@ -158,8 +169,8 @@ def serve(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)  # a --device this machine lacks: one line, before anything loads
     budgets = budget_choices(args)
     check_budget_device(budgets, device)
-    model, tokenizer = load_model(path, device=device, budget=budgets[0] if budgets else None, policy=args.policy,
-                                  dtype=args.dtype, system=args.offload_system)
+    model, tokenizer = load_model(path, device=device, budget=budgets[0] if budgets else None,
+                                  dtype=args.dtype, system=args.system)
     limits = limits_from(args)
     engine = Engine(model, tokenizer, max_queue=args.max_queue, default_max_tokens=args.default_max_tokens,
                     block_length=args.block_length, threshold=args.threshold, request_timeout=limits.request_timeout,

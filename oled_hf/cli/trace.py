@@ -12,17 +12,33 @@ from pathlib import Path
 
 from ..fileio import check_new_file
 from ..offload.config import KNOWN_POLICIES
+from ..options.aliases import DeprecatedFlag
 from ..options.model import add_device_argument, add_model_argument
 from ..progress import add_quiet_argument, progress
-from ..sim.hardware import add_cost_model_args
-from .common import resolve_device, resolve_model
+from .common import add_command, resolve_device, resolve_model
 from .synth import register_synth
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("trace", help="record routing traces and replay them through cache policies")
+    add_command(sub, "trace", "record routing traces and replay them through cache policies", configure)
+
+
+def configure(p: argparse.ArgumentParser) -> None:
     tsub = p.add_subparsers(dest="trace_command", metavar="{record,synth,replay}")
-    r = tsub.add_parser("record", help="generate from prompts and record per-iteration routing")
+    add_command(tsub, "record", "generate from prompts and record per-iteration routing", configure_record)
+    register_synth(tsub)
+    add_command(tsub, "replay", "replay a trace through policies, next to full residency and Belady", configure_replay)
+    p.set_defaults(func=lambda args: p.print_help() or 2)
+
+
+def legacy_policy_advice(policies: list[str]) -> str:
+    """What to write instead of ``--policy P ...`` in replay: the systems those names replay."""
+    from ..offload.system import spelling, system_of_legacy
+
+    return f"use --system {' '.join(spelling(system_of_legacy(p)) for p in policies)} (the systems it replays)"
+
+
+def configure_record(r: argparse.ArgumentParser) -> None:
     add_model_argument(r)
     r.add_argument("--prompts", required=True, help="text file (one prompt a line) or JSONL with 'prompt'/'question'")
     r.add_argument("--out", required=True, help="trace file to write (its folder must exist)")
@@ -51,13 +67,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     add_quiet_argument(r)
     r.set_defaults(func=record)
-    register_synth(tsub)
-    q = tsub.add_parser("replay", help="replay a trace through policies, next to full residency and Belady")
-    q.add_argument("trace")
+
+
+def configure_replay(q: argparse.ArgumentParser) -> None:
+    from ..sim.hardware import add_cost_model_args
+
+    q.add_argument("trace", help="the trace file to replay")
     q.add_argument("--cache-size", type=int, nargs="+", required=True, help="expert slots per MoE layer")
-    q.add_argument("--policy", nargs="+", default=None, choices=KNOWN_POLICIES,
-                   help="legacy policy names to replay, with --cpu-compute and --no-layer-adaptive (default: all, "
-                        "unless --system is given)")
+    q.add_argument("--policy", nargs="+", default=None, choices=KNOWN_POLICIES, action=DeprecatedFlag,
+                   advice=legacy_policy_advice,
+                   help="deprecated: old policy names to replay, with --cpu-compute and --no-layer-adaptive; use "
+                        "--system (default: all, unless --system is given)")
     q.add_argument("--system", nargs="+", default=None, metavar="SYSTEM",
                    help="composed systems to replay: RETENTION[+PREFETCH][+DISPATCH][+ALLOCATION], e.g. "
                         "lru+cpu+reuse+adaptive, or a preset (oled, mixtral-offloading, hybrimoe, ktransformers, "
@@ -77,7 +97,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="recorded sequences that warm the cache before counting and timing start")
     q.add_argument("--json", action="store_true", help="print JSON instead of a table")
     q.set_defaults(func=replay_cmd)
-    p.set_defaults(func=lambda args: p.print_help() or 2)
 
 
 PROMPT_KEYS = ("prompt", "question", "text")
@@ -170,26 +189,59 @@ def record(args: argparse.Namespace) -> int:
     recorder.writer.header["prompts"] = str(args.prompts)
     tok.padding_side = "left"
     new_tokens = 0
-    bar = progress(total=len(prompts), desc="recording", unit="prompt", quiet=args.quiet)
-    for i in range(0, len(prompts), args.batch_size):
-        batch = prompts[i: i + args.batch_size]
-        recorder.begin_sequence(i // args.batch_size)
-        if args.raw:
-            ids = tok(batch, return_tensors="pt", padding=True)
-        else:
-            ids = tok.apply_chat_template([[{"role": "user", "content": p}] for p in batch],
-                                          add_generation_prompt=True, return_tensors="pt", return_dict=True,
-                                          padding=True)
-        with torch.no_grad():
-            out = model.generate(**ids.to(model.device), **gen)
-        new_tokens += (out.shape[1] - ids["input_ids"].shape[1]) * len(batch)
-        bar.update(len(batch))
-    bar.close()
+    batches = [prompts[i: i + args.batch_size] for i in range(0, len(prompts), args.batch_size)]
+    encoded = [encode_batch(tok, batch, args.raw) for batch in batches]
+    config = model.generation_config
+    block = int(gen.get("block_length") or config.block_length)
+    most = int(gen.get("max_new_tokens") or config.max_new_tokens)
+    expected = [blocks_to_decode(int(ids["input_ids"].shape[1]), most, block) for ids in encoded]
+    # per decoded block, not per prompt: one prompt takes many seconds, and the estimate needs steps
+    bar = progress(total=sum(expected), desc=f"recording {len(prompts)} prompts", unit="block", quiet=args.quiet)
+    counter = block_counter(bar)
+    model.add_iteration_observer(counter)
+    try:
+        for number, (batch, ids, blocks) in enumerate(zip(batches, encoded, expected)):
+            recorder.begin_sequence(number)
+            counter.seen = 0
+            with torch.no_grad():
+                out = model.generate(**ids.to(model.device), **gen)
+            new_tokens += (out.shape[1] - ids["input_ids"].shape[1]) * len(batch)
+            bar.update(max(0, blocks - counter.seen))  # an answer that ended early skips its last blocks
+    finally:
+        model.remove_iteration_observer(counter)
+        bar.close()
     path = recorder.save(args.out)
     trace = recorder.writer.trace()
     print(f"recorded {len(prompts)} prompts, {trace.num_forwards} forwards, {trace.routing_entries} expert "
           f"accesses, {new_tokens} new tokens, {trace.edits()} edits -> {path}")
     return 0
+
+
+def encode_batch(tok, batch: list[str], raw: bool):
+    """A batch of prompts as ``generate`` inputs: left-padded, in the chat template unless ``raw``."""
+    if raw:
+        return tok(batch, return_tensors="pt", padding=True)
+    return tok.apply_chat_template([[{"role": "user", "content": p}] for p in batch], add_generation_prompt=True,
+                                   return_tensors="pt", return_dict=True, padding=True)
+
+
+def blocks_to_decode(prompt_length: int, max_new_tokens: int, block_length: int) -> int:
+    """Blocks one ``generate`` decodes: the prompt's last, partial block through the last new token's."""
+    return -(-(prompt_length + max_new_tokens) // block_length) - prompt_length // block_length
+
+
+def block_counter(bar):
+    """An iteration observer advancing ``bar`` once per decoded block (``seen``: blocks of this generate)."""
+    from ..modeling.events import IterationObserver  # here: torch, which the parser does not need
+
+    class BlockCounter(IterationObserver):
+        seen = 0
+
+        def on_block_end(self, block_index, token_ids) -> None:
+            self.seen += 1
+            bar.update(1)
+
+    return BlockCounter()
 
 
 def replay_cmd(args: argparse.Namespace) -> int:

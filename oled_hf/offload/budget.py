@@ -30,6 +30,7 @@ from typing import Any
 
 GIB = 1 << 30
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default: keep 10% of the device free
+MAX_MEMORY_BYTES = 2**63 - 1  # a size torch (int64) can count; sizes past it are typos or "inf"
 DEFAULT_BLOCK_LENGTH = 32  # logits are kept for one block per forward (the decoder's default block)
 
 
@@ -45,12 +46,15 @@ def parse_memory(value: Any, field: str = "max_gpu_memory") -> int:
     allowed = "an int of bytes > 0 or a size string such as '20GiB', '20GB' or '500MiB'"
     if isinstance(value, bool) or not isinstance(value, (Integral, str)):
         raise ValueError(f"{field}={value!r} is invalid: must be {allowed}")
-    try:
+    try:  # "infGiB" / "1e400GiB" overflow inside accelerate (int of an infinite float)
         size = int(convert_file_size_to_int(value.strip() if isinstance(value, str) else int(value)))
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, OverflowError):
         raise ValueError(f"{field}={value!r} is invalid: must be {allowed}") from None
     if size <= 0:
         raise ValueError(f"{field}={value!r} is invalid: must be {allowed}")
+    if size > MAX_MEMORY_BYTES:
+        raise ValueError(f"{field}={value!r} is invalid: {size:.3g} bytes is more than any device holds (at most "
+                         f"{MAX_MEMORY_BYTES} bytes, 2**63 - 1, what a tensor's size can count)")
     return size
 
 

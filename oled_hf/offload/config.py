@@ -16,7 +16,6 @@ from numbers import Integral, Real
 from typing import TYPE_CHECKING, Any
 
 from .budget import DEFAULT_GPU_MEMORY_UTILIZATION, parse_memory, slots_for_bytes
-from .dispatch import CPU_COMPUTE_MODES
 
 if TYPE_CHECKING:
     from .system import System
@@ -26,6 +25,8 @@ KNOWN_POLICIES = ("lfu", "lru", "moe-infinity", "oled", "prefetch", "static", "t
 DEFAULT_POLICY = "oled"
 STORE_MODES = ("auto", "mmap", "pinned")
 BUDGETS = ("cache_size", "cache_ratio", "max_gpu_memory")  # exactly one is given
+DEFAULT_EMULATED_LATENCY_US = 5.0  # the emulated link's per-copy latency when emulated_latency_us is None
+EMULATED_FIELDS = ("emulated_bandwidth_gbps", "emulated_latency_us", "emulated_memory")  # device='emulated' only
 AUTO = "auto"  # cache_ratio="auto": sized from free GPU memory at load (budget.py)
 
 
@@ -119,10 +120,13 @@ class OffloadConfig:
     # device (oled_hf/offload/device.py: a budgeted pool, copies timed on a worker thread)
     device: str = "auto"
     emulated_bandwidth_gbps: float | None = None  # None: the expert copies in PCIe 5's time for mini's expert
-    emulated_latency_us: float = 5.0
+    emulated_latency_us: float | None = None  # None: DEFAULT_EMULATED_LATENCY_US
     emulated_memory: int | str | None = None  # the emulated device's memory; None: what the pool needs
 
     def __post_init__(self) -> None:
+        # here, not at the top: the command line reads KNOWN_POLICIES for its --help without numpy and numba
+        from .dispatch import CPU_COMPUTE_MODES
+
         self._check_budget()
         self._check_choice("policy", KNOWN_POLICIES, "known policies")
         self._check_choice("cpu_compute", CPU_COMPUTE_MODES, "allowed")
@@ -172,13 +176,15 @@ class OffloadConfig:
         if bw is not None and (not _is_real(bw) or not math.isfinite(float(bw)) or float(bw) <= 0.0):
             raise ValueError(f"emulated_bandwidth_gbps={bw!r} is invalid: must be a finite number of GB/s > 0, "
                              "or None for the default (an expert copies in the time PCIe 5 copies mini's)")
-        if not _is_real(lat) or not math.isfinite(float(lat)) or not 0.0 <= float(lat) <= 1e6:
-            raise ValueError(f"emulated_latency_us={lat!r} is invalid: must be a number of microseconds in [0, 1e6]")
+        if lat is not None and (not _is_real(lat) or not 0.0 <= float(lat) <= 1e6):
+            raise ValueError(f"emulated_latency_us={lat!r} is invalid: must be a number of microseconds in [0, 1e6], "
+                             f"or None for {DEFAULT_EMULATED_LATENCY_US:g}")
         if self.emulated_memory is not None:
             parse_memory(self.emulated_memory, "emulated_memory")
-        if self.device != "emulated" and (bw is not None or self.emulated_memory is not None):
-            raise ValueError("emulated_bandwidth_gbps and emulated_memory apply to device='emulated' only; "
-                             f"device={self.device!r}")
+        given = [f"{name}={getattr(self, name)!r}" for name in EMULATED_FIELDS if getattr(self, name) is not None]
+        if self.device != "emulated" and given:  # silently ignored before: a run the user did not ask for
+            raise ValueError(f"{', '.join(given)}: the emulated link's fields ({', '.join(EMULATED_FIELDS)}) apply to "
+                             f"device='emulated' only, and device={self.device!r}; add device='emulated' or drop them")
 
     def emulated_device(self, expert_bytes: int):
         """The emulated device this config names (None for ``device='auto'``), its link checked."""
@@ -189,7 +195,8 @@ class OffloadConfig:
         bw = default_bandwidth(expert_bytes) if self.emulated_bandwidth_gbps is None \
             else float(self.emulated_bandwidth_gbps) * 1e9
         memory = None if self.emulated_memory is None else parse_memory(self.emulated_memory, "emulated_memory")
-        return EmulatedDevice(bw, float(self.emulated_latency_us) * 1e-6, memory)
+        latency = DEFAULT_EMULATED_LATENCY_US if self.emulated_latency_us is None else float(self.emulated_latency_us)
+        return EmulatedDevice(bw, latency * 1e-6, memory)
 
     def resolved_system(self, cpu_compute: str | None = None) -> System:
         """The :class:`~oled_hf.offload.system.System` this config runs (``system.resolve_system``).

@@ -64,14 +64,13 @@ from dataclasses import dataclass, field
 import torch
 
 from ..modeling.events import IterationObserver
+from .batching import DEFAULT_BATCH_WAIT_MS, DEFAULT_MAX_BATCH_SIZE, batching_problem
 from .metrics import Metrics
-from .stragglers import STRAGGLER_MAX_S, Stragglers
+from .stragglers import Stragglers
 from .streaming import BlockTextStreamer, LockedTokenizer
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_BATCH_SIZE = 8
-DEFAULT_BATCH_WAIT_MS = 1e3 * STRAGGLER_MAX_S  # the straggler window's own bound (module docstring)
 _ARRIVAL: contextvars.ContextVar[list | None] = contextvars.ContextVar("oled_arrival", default=None)
 
 
@@ -224,15 +223,15 @@ def load_model(path: str, device: str = "auto", cache_size: int | None = None, p
             fields[name] = value
     if any(fields.get(name) is not None for name in BUDGETS):
         if policy and system:
-            raise ValueError("--policy and --offload-system both given: pass one")
-        if policy:  # the CLI's own --policy: resolved here, never the deprecated alias (no FutureWarning)
+            raise ValueError("policy and system both given: pass one (a system names the retention policy)")
+        if policy:  # an old policy name: resolved here, never the deprecated alias (no FutureWarning)
             from ..offload.system import spelling, system_of_legacy
 
             system = spelling(system_of_legacy(policy))
         choice = {"system": system} if system else {}
         kwargs["offload_config"] = OffloadConfig(**fields, **choice)  # refuses two budgets, naming them
     elif policy is not None or system is not None:
-        raise ValueError(f"{'--policy' if policy else '--offload-system'} needs a budget (--cache-size, "
+        raise ValueError(f"{'policy' if policy else '--system'} needs a budget (--cache-size, "
                          "--cache-ratio or --max-gpu-memory): it decides what the expert cache keeps")
     if dtype is not None:
         kwargs["dtype"] = dtype
@@ -745,16 +744,6 @@ def canvas_fits(longest_prompt: int, max_new_tokens: int, block_length: int, lim
     whole blocks, within ``max_position_embeddings`` (the check ``generate`` makes, modeling.params.check_context).
     Each request fits alone; together the longest prompt may meet another request's longer answer."""
     return -(-(longest_prompt + max_new_tokens) // block_length) * block_length <= limit
-
-
-def batching_problem(max_batch_size: int, batch_wait_ms: float) -> str | None:
-    """Why these batching settings are unusable, or None."""
-    if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
-        return f"--max-batch-size {max_batch_size} is invalid: must be an integer of at least 1 (1: no batching)"
-    if not 0 <= batch_wait_ms <= 10_000:
-        return (f"--batch-wait-ms {batch_wait_ms:g} is invalid: must be between 0 and 10000 milliseconds "
-                "(how long the first request waits for others to share its batch)")
-    return None
 
 
 def max_model_len_problem(max_model_len: int | None, model_context: int) -> str | None:

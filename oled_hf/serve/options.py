@@ -3,13 +3,13 @@
 As ``vllm serve MODEL`` does, the model may be given positionally (``--model`` is kept); ``--dtype``
 and ``--max-model-len`` are added (the budget flags, ``--cache-ratio auto``, ``--max-gpu-memory``
 and ``--gpu-memory-utilization`` included, are ``options.budget``'s, as every offloading command's).
-``--policy`` offers only the retention policies that act in a live ``generate``: ``prefetch`` and
-``moe-infinity`` copy experts ahead from a routing trace's future, which only trace replay
-(``oled-moe trace replay``) has, so a live model would silently run plain LRU under their names.
-``--offload-system`` names a whole system (the grammar of ``offload/system.py``: retention,
-dispatch and allocation parts, or a preset such as ``lru-full``), as ``oled-moe benchmark
---system`` does; chat's ``--system`` is already the system prompt, hence the longer name. A
-prefetch part that reads predicted routes (``gate``, ``gate-capped``) is refused here: it runs in replay only.
+``--system`` names the offloading system (the grammar of ``offload/system.py``: retention,
+dispatch and allocation parts, or a preset such as ``lru-full``), as every command names it. A
+prefetch part that reads predicted routes (``gate``, ``gate-capped``) or an oracle retention is
+refused here: they run in replay only. The old spellings are deprecated aliases
+(``options.aliases``): ``--offload-system`` (the same value) and ``--policy NAME`` (the system that
+name ran, e.g. ``lru+cpu+adaptive``; ``prefetch`` and ``moe-infinity`` read a trace's future,
+which only ``oled-moe trace replay`` has).
 """
 
 from __future__ import annotations
@@ -17,27 +17,34 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 from ..offload.config import KNOWN_POLICIES
+from ..options.aliases import add_alias
 
 REPLAY_ONLY_POLICIES = ("moe-infinity", "prefetch")
-LIVE_POLICIES = tuple(p for p in KNOWN_POLICIES if p not in REPLAY_ONLY_POLICIES)
+LIVE_POLICIES = tuple(p for p in KNOWN_POLICIES if p not in REPLAY_ONLY_POLICIES)  # old --policy names run live
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+SYSTEM_HELP = ("the offloading system by its parts, e.g. lru+cpu+reuse+adaptive, or a preset such as lru-full or "
+               "hybrimoe (with a budget flag; default: OffloadConfig's default system)")
 
 
-def live_policy(value: str) -> str:
-    """argparse type for ``--policy`` on live commands: a live policy, or an error saying where the others work."""
-    if value in LIVE_POLICIES:
-        return value
+def live_policy(value: str) -> tuple[str, str]:
+    """``--policy NAME`` (deprecated): the system that name runs live, and the warning's advice."""
     if value in REPLAY_ONLY_POLICIES:
         raise argparse.ArgumentTypeError(
             f"'{value}' works only in trace replay (oled-moe trace replay), where the routing of later layers is "
             f"known; live policies: {', '.join(LIVE_POLICIES)}")
-    raise argparse.ArgumentTypeError(f"unknown policy '{value}'; live policies: {', '.join(LIVE_POLICIES)}")
+    if value not in LIVE_POLICIES:
+        raise argparse.ArgumentTypeError(f"unknown policy '{value}'; live policies: {', '.join(LIVE_POLICIES)}")
+    from ..offload.system import spelling, system_of_legacy
+
+    system = spelling(system_of_legacy(value))
+    return system, f"use --system {system} (the system --policy {value} runs)"
 
 
 def live_system(value: str) -> str:
-    """argparse type for ``--offload-system``: a system a live ``generate`` can run (OffloadConfig's rules)."""
+    """argparse type for ``--system``: a system a live ``generate`` can run (OffloadConfig's rules)."""
     from ..offload.system import parse_system
 
     try:
@@ -53,6 +60,16 @@ def live_system(value: str) -> str:
     return value
 
 
+def add_system_argument(p: argparse.ArgumentParser, **system: Any) -> None:
+    """``--system`` (a live system) and its deprecated spellings ``--offload-system`` and ``--policy``;
+    ``system``: ``add_argument``'s keywords for ``--system`` where a command reads it its own way (chat)."""
+    p.add_argument("--system", **{"default": None, "type": live_system, "metavar": "SYSTEM", "help": SYSTEM_HELP,
+                                  **system})
+    add_alias(p, "--offload-system", "--system", "system", type=live_system, metavar="SYSTEM")
+    add_alias(p, "--policy", "--system", "system", convert=live_policy, metavar="{" + ",".join(LIVE_POLICIES) + "}",
+              help="deprecated: the old retention policy names; use --system (default: --system's)")
+
+
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     """Loading and decoding options shared by ``chat`` and ``serve``: the model, the device, the
     budget flags every offloading command takes (``options.budget``), the policy and the decoding knobs."""
@@ -62,8 +79,6 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     add_model_argument(p)
     add_device_argument(p)
     add_budget_arguments(p)
-    p.add_argument("--policy", choices=KNOWN_POLICIES, default=None,
-                   help="expert-cache retention policy (with a budget flag; default: oled)")
     p.add_argument("--block-length", type=int, default=None,
                    help="diffusion block length (default: the checkpoint's generation_config)")
     p.add_argument("--threshold", type=float, default=None,
@@ -71,22 +86,14 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_serving_model_arguments(p: argparse.ArgumentParser, max_model_len: bool = True) -> None:
-    """:func:`add_model_arguments`, the model as an optional positional, and the loading flags below."""
+    """:func:`add_model_arguments`, the model as an optional positional, and the loading flags below.
+
+    ``--system`` is left to the caller: serve takes :func:`add_system_argument`, chat a ``--system``
+    that also reads its old meaning (the system prompt, ``cli/chat.py``).
+    """
     add_model_arguments(p)
     p.add_argument("model_path", nargs="?", default=None, metavar="MODEL",
                    help="checkpoint folder, as with --model (give one or the other)")
-    policy = next((a for a in p._actions if a.dest == "policy"), None)
-    if policy is None:
-        p.add_argument("--policy", default=None, type=live_policy)
-        policy = p._actions[-1]
-    policy.choices, policy.type = None, live_policy
-    policy.metavar = "{" + ",".join(LIVE_POLICIES) + "}"
-    policy.help = ("expert-cache retention policy (with a budget flag; default: oled); "
-                   f"{' and '.join(REPLAY_ONLY_POLICIES)} work only in trace replay")
-    p.add_argument("--offload-system", default=None, type=live_system, metavar="SYSTEM",
-                   help="the offloading system by its parts, e.g. lru+cpu+reuse+adaptive, or a preset such as "
-                        "lru-full or hybrimoe (with a budget flag; instead of --policy; default: "
-                        "none, the policy's system)")
     p.add_argument("--dtype", choices=DTYPES, default=None,
                    help="dtype to load the weights in (default: the checkpoint's)")
     if max_model_len:
@@ -111,12 +118,8 @@ def loading_problem(args: argparse.Namespace) -> str | None:
         offloading = bool(budget_choices(args))
     except ValueError as err:
         return str(err)
-    system = getattr(args, "offload_system", None)
-    if args.policy is not None and system is not None:
-        return "--policy and --offload-system both given: pass one (a retention policy, or a whole system)"
-    for flag, value in (("--policy", args.policy), ("--offload-system", system)):
-        if value is not None and not offloading:
-            return f"{flag} needs a budget, {ANY_BUDGET} (it decides what the expert cache keeps)"
+    if getattr(args, "system", None) is not None and not offloading:
+        return f"--system needs a budget, {ANY_BUDGET} (it decides what the expert cache keeps)"
     limit = getattr(args, "max_model_len", None)
     if limit is not None and limit < 1:
         return f"--max-model-len {limit} is invalid: must be a positive number of tokens"

@@ -95,8 +95,22 @@ def test_make_tiny_into_a_read_only_folder_is_one_line(tmp_path, capsys):
     with read_only(tmp_path / "ro") as ro:
         assert main(["make-tiny", str(ro / "tiny")]) == 2
         error = one_line_error(capsys, "make-tiny")
-    assert error.startswith("[Errno ") and f"could not write {ro / 'tiny'}: " in error
+    assert error.startswith(f"OUT={str(ro / 'tiny')!r}: its folder {str(ro)!r} is not writable (")
     assert only(ro) == []
+
+
+def test_a_streamed_checkpoint_into_a_read_only_mount_says_read_only_not_0_gib_free(tmp_path, capsys, monkeypatch):
+    """Issue 67 item 19: a read-only mount reports 0 bytes free; make-tiny said "needs 0.0 GiB ... 0.0 GiB free"."""
+    import shutil as shutil_module
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil_module, "disk_usage", lambda path: usage(1 << 40, 1 << 40, 0))  # as a ro mount says
+    with read_only(tmp_path / "ro") as ro:
+        assert main(["make-tiny", str(ro / "mini"), "--preset", "mini", "--layers", "1", "--quiet"]) == 2
+        error = one_line_error(capsys, "make-tiny")
+    assert error.startswith(f"OUT={str(ro / 'mini')!r}: its folder {str(ro)!r} is not writable (")
+    assert "free" not in error
 
 
 @pytest.fixture

@@ -4,13 +4,14 @@ from oled_hf.cli.main import main
 
 
 def test_benchmark_reports_every_policy_next_to_full_residency(tiny_path, tmp_path, capsys):
-    code = main(["benchmark", "--model", str(tiny_path), "--gen-length", "16", "--block-length", "8",
-                 "--cache-size", "8", "--policy", "oled", "lru", "--runs", "2", "--warmup-runs", "0",
+    code = main(["benchmark", "--model", str(tiny_path), "--max-new-tokens", "16", "--block-length", "8",
+                 "--cache-size", "8", "--system", "oled", "lru-full", "--runs", "2", "--warmup-runs", "0",
                  "--prompt", "hello", "--report-dir", str(tmp_path), "--json", "--loop-reference"])
     assert code == 0
     report = json.loads(capsys.readouterr().out)
     names = [r["config"] for r in report["rows"]]
-    assert names == ["full residency", "full residency (per-expert loop)", "oled @ cache size 8", "lru @ cache size 8"]
+    assert names == ["full residency", "full residency (per-expert loop)", "oled @ cache size 8",
+                     "lru-full @ cache size 8"]
     assert report["order"] == "round-robin" and report["rows"][1]["same_tokens"]
     for row in report["rows"][2:]:
         assert row["same_tokens"] and 0 <= row["hit_rate"] <= 1 and row["policy_ms_per_forward"] >= 0

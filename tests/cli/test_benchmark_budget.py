@@ -6,11 +6,11 @@ import pytest
 
 from oled_hf.cli.main import main
 
-QUICK = ["--gen-length", "8", "--block-length", "8", "--runs", "1", "--warmup-runs", "0", "--prompt", "hi"]
+QUICK = ["--max-new-tokens", "8", "--block-length", "8", "--runs", "1", "--warmup-runs", "0", "--prompt", "hi"]
 
 
 def test_max_gpu_memory_sizes_the_pool_and_the_row_says_so(tiny_path, capsys):
-    code = main(["benchmark", "--model", str(tiny_path), "--max-gpu-memory", "1MiB", "--policy", "lru", "--json",
+    code = main(["benchmark", "--model", str(tiny_path), "--max-gpu-memory", "1MiB", "--system", "lru", "--json",
                  *QUICK])
     assert code == 0
     rows = json.loads(capsys.readouterr().out)["rows"]

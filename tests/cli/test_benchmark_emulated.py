@@ -12,7 +12,8 @@ SLOW_LINK = ["--device", "emulated", "--emulated-bandwidth-gbps", "0.01", "--emu
 
 def test_the_replay_agrees_with_the_emulated_run_within_a_fifth(tiny_path, capsys):
     assert main(["benchmark", "--model", str(tiny_path), *SLOW_LINK, "--system", "lru-full", "oled+previous",
-                 "--cache-size", "6", "--gen-length", "16", "--block-length", "8", "--runs", "1", "--warmup-runs", "1",
+                 "--cache-size", "6", "--max-new-tokens", "16", "--block-length", "8", "--runs", "1",
+                 "--warmup-runs", "1",
                  "--prompt", "tell me about the sea and the ships", "--json", "--quiet"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"][1:]
     assert [r["config"].split(" @")[0] for r in rows] == ["lru-full", "oled+previous"]

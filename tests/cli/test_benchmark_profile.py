@@ -37,7 +37,7 @@ def test_sections_are_named_by_module_kind(tiny_path):
 
 
 def test_benchmark_profile_without_resident(tiny_path, capsys):
-    code = main(["benchmark", "--model", str(tiny_path), "--gen-length", "8", "--block-length", "8",
+    code = main(["benchmark", "--model", str(tiny_path), "--max-new-tokens", "8", "--block-length", "8",
                  "--cache-size", "8", "--system", "oled", "--runs", "1", "--warmup-runs", "0",
                  "--prompt", "hello", "--json", "--profile", "--skip-resident"])
     assert code == 0
@@ -54,4 +54,4 @@ def test_benchmark_profile_without_resident(tiny_path, capsys):
 
 def test_benchmark_steps_must_be_positive(tiny_path, capsys):
     assert main(["benchmark", "--model", str(tiny_path), "--cache-size", "8", "--steps", "0"]) == 2
-    assert "--steps must be at least 1" in capsys.readouterr().err
+    assert "--steps 0 is invalid: must be at least 1" in capsys.readouterr().err

@@ -8,7 +8,7 @@ import pytest
 from oled_hf import fileio
 from oled_hf.cli.main import main
 
-QUICK = ["--gen-length", "8", "--block-length", "8", "--cache-size", "8", "--policy", "lru", "--runs", "1",
+QUICK = ["--max-new-tokens", "8", "--block-length", "8", "--cache-size", "8", "--system", "lru", "--runs", "1",
          "--warmup-runs", "0", "--prompt", "hi", "--json", "--quiet"]
 
 

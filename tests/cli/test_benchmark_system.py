@@ -1,4 +1,4 @@
-"""``oled-moe benchmark --system``: live composed systems, next to --policy, refused in one line before loading."""
+"""``oled-moe benchmark --system``: live composed systems, refused in one line before loading; --policy (deprecated)."""
 
 import json
 
@@ -6,12 +6,12 @@ import pytest
 
 from oled_hf.cli.main import main
 
-QUICK = ["--gen-length", "8", "--block-length", "8", "--runs", "1", "--warmup-runs", "0", "--prompt", "hi"]
+QUICK = ["--max-new-tokens", "8", "--block-length", "8", "--runs", "1", "--warmup-runs", "0", "--prompt", "hi"]
 
 
 def test_benchmark_runs_composed_systems_next_to_policies(tiny_path, capsys):
-    code = main(["benchmark", "--model", str(tiny_path), "--cache-size", "6", "--cpu-compute", "on", "--policy", "oled",
-                 "--system", "lru+cpu+reuse+adaptive", "mixtral-offloading", "--json", *QUICK])
+    code = main(["benchmark", "--model", str(tiny_path), "--cache-size", "6", "--cpu-compute", "on",
+                 "--system", "oled", "lru+cpu+reuse+adaptive", "mixtral-offloading", "--json", *QUICK])
     assert code == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert [(r["config"], r["system"]) for r in rows] == [
@@ -27,7 +27,7 @@ def test_benchmark_runs_composed_systems_next_to_policies(tiny_path, capsys):
                               "RETENTION[+PREFETCH][+DISPATCH][+ALLOCATION]"),
     (["--system", "promoe"], "--system promoe: system='promoe' is invalid for a live run: its prefetch part "
                              "'gate-capped' reads the next layer's predicted routes"),
-    (["--system", "lru", "--policy", "lru"], "'lru' is named twice by --system/--policy: name each configuration once"),
+    (["--system", "lru", "lru"], "'lru' is named twice by --system/--policy: name each configuration once"),
 ])
 def test_bad_systems_are_one_line_before_loading(tiny_path, capsys, argv, message):
     assert main(["benchmark", "--model", str(tiny_path), "--cache-size", "6", *argv, *QUICK]) == 2
@@ -35,8 +35,9 @@ def test_bad_systems_are_one_line_before_loading(tiny_path, capsys, argv, messag
     assert len(err) == 1 and err[0].startswith(f"oled-moe benchmark: error: {message}")
 
 
-def test_policy_rows_run_their_system_without_a_deprecation_warning(tiny_path, capsys):
-    """--policy is the CLI's own spelling: the command resolves it, the user never sees a FutureWarning."""
+def test_policy_rows_run_their_system_with_one_deprecation_line(tiny_path, capsys):
+    """--policy (deprecated, issue 67 item 3) still runs its systems; stderr says once what to write instead, and the
+    user never sees a Python FutureWarning."""
     import warnings
 
     with warnings.catch_warnings():
@@ -44,7 +45,11 @@ def test_policy_rows_run_their_system_without_a_deprecation_warning(tiny_path, c
         code = main(["benchmark", "--model", str(tiny_path), "--cache-size", "6", "--cpu-compute", "on",
                      "--policy", "lru", "tide", "--json", *QUICK])
     assert code == 0
-    rows = json.loads(capsys.readouterr().out)["rows"]
+    out, err = capsys.readouterr()
+    rows = json.loads(out)["rows"]
     assert [(r["config"], r["system"]) for r in rows[1:]] == [
         ("lru @ cache size 6", "lru+none+cpu+adaptive"), ("tide @ cache size 6", "tide+none+cpu+adaptive")]
+    assert [line for line in err.splitlines() if "warning" in line] == [
+        "oled-moe benchmark: warning: --policy is deprecated and will be removed; use --system lru+cpu+adaptive "
+        "tide+cpu+adaptive (the systems it ran)"]
     assert all(r["same_tokens"] for r in rows)

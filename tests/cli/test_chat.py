@@ -7,7 +7,9 @@ import os
 import subprocess
 import sys
 
-ARGS = ["--max-tokens", "16", "--block-length", "8"]
+import pytest
+
+ARGS = ["--max-new-tokens", "16", "--block-length", "8"]
 
 
 def _greedy_reply(model, tok, history, max_new_tokens=16):
@@ -52,8 +54,8 @@ def test_session_keeps_the_conversation(tiny_model, tiny_tokenizer):
 def test_chat_rejects_bad_options(capsys, tiny_path):
     from oled_hf.cli import chat
 
-    assert chat.main(["--model", str(tiny_path), "--max-tokens", "0"]) == 2
-    assert "--max-tokens 0 is invalid" in capsys.readouterr().err
+    assert chat.main(["--model", str(tiny_path), "--max-new-tokens", "0"]) == 2
+    assert "--max-new-tokens 0 is invalid" in capsys.readouterr().err
 
 
 def test_stats_with_offloading(tiny_path):
@@ -88,7 +90,7 @@ def test_chat_with_the_default_toy_answers_every_message():
 
     toy = default_model_path()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run([sys.executable, "-m", "oled_hf.cli.chat", "--max-tokens", "8"], timeout=120, env=env,
+    proc = subprocess.run([sys.executable, "-m", "oled_hf.cli.chat", "--max-new-tokens", "8"], timeout=120, env=env,
                           input="What is 123+456?\nWhat is 200+300?\n", capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert ("note: this model was trained on single-turn prompts (oled_single_turn in its config.json): each "
@@ -125,9 +127,9 @@ def test_piped_lines_decode_each_line_on_its_own():
     assert list(piped_lines(io.StringIO("a\nb"), err)) == ["a\n", "b"]  # already text: passed through
 
 
-def test_offload_system_names_a_whole_system(tiny_path, capsys):
-    """``--offload-system`` loads the system it names (chat's ``--system`` stays the system prompt); a prefetch part
-    or a missing budget is exit 2 naming the fault, before anything is loaded."""
+def test_system_names_a_whole_system(tiny_path, capsys):
+    """``--system`` loads the system it names; a prefetch part or a missing budget is exit 2 naming the fault, before
+    anything is loaded; the old spellings ``--offload-system``/``--policy`` say once what to write instead."""
     from oled_hf.cli import chat
     from oled_hf.serve.engine import load_model
 
@@ -135,15 +137,65 @@ def test_offload_system_names_a_whole_system(tiny_path, capsys):
     stats = model.offload_stats()  # lru-full is lru+cpu+reuse+adaptive; with no accelerator every miss is copied
     assert stats["policy"] == "lru" and stats["system"] == "lru+copy+adaptive"
     capsys.readouterr()
-    for argv, message in ((["--offload-system", "lru+gate"], "its prefetch part 'gate' reads the next layer's "
-                                                              "predicted routes"),
-                          (["--offload-system", "lru+nope"], "unknown part 'nope'"),
-                          (["--offload-system", "lru"], "--offload-system needs a budget, --cache-size, --cache-ratio"),
-                          (["--offload-system", "lru", "--policy", "oled", "--cache-size", "4"],
-                           "--policy and --offload-system both given")):
+    for argv, message in ((["--system", "lru+gate"], "its prefetch part 'gate' reads the next layer's "
+                                                      "predicted routes"),
+                          (["--system", "lru+nope"], "unknown part 'nope'"),
+                          (["--system", "lru"], "--system needs a budget, --cache-size, --cache-ratio"),
+                          (["--offload-system", "lru"], "oled-moe chat: warning: --offload-system is deprecated and "
+                                                        "will be removed; use --system\n"),
+                          (["--policy", "lru"], "oled-moe chat: warning: --policy is deprecated and will be removed; "
+                                                "use --system lru+cpu+adaptive (the system --policy lru runs)\n"
+                                                "oled-moe chat: error: --system needs a budget")):
         try:
             code = chat.main(["--model", str(tiny_path), *argv])
         except SystemExit as e:  # argparse's own type errors
             code = e.code
         err = capsys.readouterr().err
         assert code == 2 and message in err and "Loading weights" not in err, (argv, err)
+
+
+def test_old_spellings_still_parse_with_one_warning_line(capsys):
+    """Issue 67 item 3: one name per concept; the old names are deprecated aliases."""
+    from oled_hf.cli.main import build_parser
+
+    def parse(*argv):
+        args = build_parser(list(argv)).parse_args(list(argv))
+        return args, capsys.readouterr().err
+
+    args, err = parse("chat", "--max-tokens", "7")
+    assert args.max_new_tokens == 7
+    assert err == ("oled-moe chat: warning: --max-tokens is deprecated and will be removed; use --max-new-tokens\n")
+    args, err = parse("chat", "--system", "You are terse.")
+    assert (args.system, args.system_prompt) == (None, "You are terse.")
+    assert err == ("oled-moe chat: warning: --system TEXT for the system prompt is deprecated and will be removed; "
+                   "use --system-prompt TEXT\n")
+    args, err = parse("chat", "--system", "lru+cpu", "--system-prompt", "Be brief.")
+    assert (args.system, args.system_prompt, err) == ("lru+cpu", "Be brief.", "")
+    args, err = parse("serve", "--policy", "tide", "--max-num-seqs", "3")
+    assert (args.system, args.max_batch_size) == ("tide+cpu+adaptive", 3)
+    assert err == ("oled-moe serve: warning: --policy is deprecated and will be removed; use --system "
+                   "tide+cpu+adaptive (the system --policy tide runs)\n")
+    args, err = parse("serve", "--offload-system", "lru-full")
+    assert args.system == "lru-full" and err.count("\n") == 1 and "use --system" in err
+    args, err = parse("benchmark", "--gen-length", "9")
+    assert args.max_new_tokens == 9 and err == ("oled-moe benchmark: warning: --gen-length is deprecated and will be "
+                                                "removed; use --max-new-tokens\n")
+    args, err = parse("trace", "replay", "t.trace", "--cache-size", "4", "--policy", "lru")
+    assert args.policy == ["lru"] and err == ("oled-moe trace replay: warning: --policy is deprecated and will be "
+                                              "removed; use --system lru+cpu+adaptive (the systems it replays)\n")
+    for argv in (["chat", "--system", "nope"], ["serve", "--policy", "prefetch"]):
+        with pytest.raises(SystemExit):
+            parse(*argv)
+        assert capsys.readouterr().err.count("error:") == 1
+
+
+@pytest.mark.parametrize("command", ["demo", "chat", "benchmark", "trace record"])
+def test_every_command_names_the_answer_length_max_new_tokens(command):
+    from oled_hf.cli.main import build_parser
+
+    argv = command.split()
+    parser = build_parser(argv)
+    for word in argv:
+        parser = next(a for a in parser._actions if a.dest in ("command", "trace_command")).choices[word]
+    assert any("--max-new-tokens" in a.option_strings for a in parser._actions)
+

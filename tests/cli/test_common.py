@@ -124,7 +124,7 @@ def test_every_flag_has_help_and_shows_its_default():
     text = subprocess.run([sys.executable, "-m", "oled_hf.cli.main", "benchmark", "--help"], capture_output=True,
                           text=True, timeout=60, env=ENV).stdout
     flat = " ".join(text.split())
-    for flag, shown in (("--device", "(default: auto)"), ("--gen-length", "(default: 128)"),
+    for flag, shown in (("--device", "(default: auto)"), ("--max-new-tokens", "(default: 128)"),
                         ("--runs", "(default: 2)"), ("--warmup-runs", "(default: 1)"),
                         ("--model", "default: the shipped trained toy model")):
         assert flag in flat and shown in flat.split(flag, 1)[1], flag

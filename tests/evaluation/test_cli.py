@@ -1,12 +1,11 @@
 """``oled-moe eval`` offline end to end, task path resolution, the committed toy data."""
 
-import argparse
 import json
 from pathlib import Path
 
 import pytest
 
-from oled_hf.cli import eval as eval_cli
+from oled_hf.cli.main import build_parser
 from oled_hf.evaluation.tasks import default_tasks_dir, load_task_config, task_spec, toy_data_dir, write_toy_data
 from oled_hf.toy import TOY_CHECKPOINT
 
@@ -14,9 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(argv):
-    parser = argparse.ArgumentParser(prog="oled-moe")
-    eval_cli.register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["eval", *argv])
+    args = build_parser(["eval"]).parse_args(["eval", *argv])
     return args.func(args)
 
 

@@ -104,3 +104,16 @@ def test_strategy_means_the_first_accelerator_else_cpu(monkeypatch):
     kwargs = dict(device_map="balanced_low_0")
     offload_placement(kwargs)
     assert kwargs["device_map"] == "cuda:0"
+
+
+def test_a_small_model_loads_resident_on_a_busy_host(tiny_path, resident_tokens, monkeypatch):
+    """Issue 67 item 19: a 10 MB model was refused with 1.4 GiB available because 10% of a 24 GiB host (2.4 GiB)
+    was to stay free; a load keeps free as much as it reads, at most that 10%."""
+    from oled_hf.modeling import placement
+
+    gib = 1 << 30
+    monkeypatch.setattr(placement, "host_memory", lambda: (int(1.4 * gib), 24 * gib))
+    model = OledLLaDA2ForDiffusionLM.from_pretrained(tiny_path)
+    assert torch.equal(model.generate(PROMPT, **GEN), resident_tokens)
+    assert placement.load_headroom(10 << 20, 24 * gib) == 10 << 20
+    assert placement.load_headroom(20 * gib, 24 * gib) == int(2.4 * gib)  # a large load keeps the whole headroom

@@ -237,3 +237,40 @@ def test_load_refuses_an_infeasible_minimum_before_allocating(tiny_path):
 @pytest.mark.parametrize("system", ["oled+previous", "moe-infinity+matrix+cpu"])
 def test_live_prefetch_parts_are_accepted(system):
     assert OffloadConfig(cache_size=8, system=system).resolved_system().prefetch in ("previous", "matrix")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(max_gpu_memory="infGiB"), "max_gpu_memory='infGiB' is invalid: must be an int of bytes > 0"),
+    (dict(max_gpu_memory="1e400GiB"), "max_gpu_memory='1e400GiB' is invalid: must be an int of bytes > 0"),
+    (dict(max_gpu_memory="1e30GiB"), "max_gpu_memory='1e30GiB' is invalid: 1.07e+39 bytes is more than any device "
+                                     "holds (at most 9223372036854775807 bytes"),
+    (dict(max_gpu_memory=2**64), "max_gpu_memory=18446744073709551616 is invalid: 1.84e+19 bytes is more than"),
+    (dict(cache_size=2, device="emulated", emulated_memory="1e400GiB"), "emulated_memory='1e400GiB' is invalid"),
+    (dict(cache_size=2, device="emulated", emulated_memory="nanGiB"), "emulated_memory='nanGiB' is invalid"),
+])
+def test_infinite_and_absurd_sizes_are_one_valueerror(kwargs, message):
+    """Issue 67 item 13: OverflowError (int of an infinite float inside accelerate) instead of the field's message."""
+    with pytest.raises(ValueError) as info:
+        OffloadConfig(**kwargs)
+    assert str(info.value).startswith(message)
+
+
+@pytest.mark.parametrize("kwargs", [dict(emulated_latency_us=50), dict(emulated_latency_us=5.0),
+                                    dict(emulated_memory="1GiB"), dict(emulated_bandwidth_gbps=2.0)])
+def test_emulated_fields_without_the_emulated_device_are_refused(kwargs):
+    """Issue 67 item 14: ``emulated_latency_us=50`` without ``device='emulated'`` was accepted and silently ignored."""
+    (name, value), = kwargs.items()
+    with pytest.raises(ValueError) as info:
+        OffloadConfig(cache_size=4, **kwargs)
+    assert str(info.value) == (f"{name}={value!r}: the emulated link's fields (emulated_bandwidth_gbps, "
+                               "emulated_latency_us, emulated_memory) apply to device='emulated' only, and "
+                               "device='auto'; add device='emulated' or drop them")
+    assert OffloadConfig(cache_size=4, device="emulated", **kwargs).to_dict()[name] == value
+
+
+def test_the_emulated_latency_defaults_to_five_microseconds():
+    from oled_hf.offload.config import DEFAULT_EMULATED_LATENCY_US
+
+    config = OffloadConfig(cache_size=4, device="emulated")
+    assert config.emulated_latency_us is None and DEFAULT_EMULATED_LATENCY_US == 5.0
+    assert OffloadConfig.from_json(config.to_json()) == config

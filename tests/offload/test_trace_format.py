@@ -171,7 +171,7 @@ def test_trace_replay_reports_a_corrupted_trace_in_one_line(valid, tmp_path, cap
     """Before: a 69 TiB allocation, an IndexError traceback; now exit 2 and the loader's line."""
     edit, message = CASES[case]
     path = corrupted(valid, tmp_path, edit)
-    assert main(["trace", "replay", path, "--cache-size", "2", "--policy", "lru"]) == 2
+    assert main(["trace", "replay", path, "--cache-size", "2", "--system", "lru"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"oled-moe trace replay: error: {path}: {message}") and err.count("\n") == 1, err
 

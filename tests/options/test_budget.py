@@ -216,3 +216,21 @@ def test_budget_name_says_what_was_asked():
     assert budget_name({"max_gpu_memory": "20GiB"}) == "max gpu memory 20GiB"
     assert budget_name({"cache_ratio": "auto", "gpu_memory_utilization": 0.85}) == \
         "cache ratio auto (gpu memory utilization 0.85)"
+
+
+@pytest.mark.parametrize("size", ["infGiB", "1e400GiB", "nanGiB", "1e30GiB"])
+@pytest.mark.parametrize("command", OFFLOADING)
+def test_an_infinite_max_gpu_memory_is_one_line_exit_2(command, size, tiny_path, capsys):
+    """Issue 67 item 13: ``--max-gpu-memory infGiB`` was a raw OverflowError traceback."""
+    with pytest.raises(SystemExit) as info:
+        main([command, "--model", str(tiny_path), *REQUIRED.get(command, []), "--max-gpu-memory", size])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"oled-moe {command}: error: argument --max-gpu-memory: --max-gpu-memory='{size}' is "
+                          "invalid: ") and err.endswith(f"(see oled-moe {command} --help)\n")
+
+
+def test_benchmark_refuses_emulated_flags_without_the_emulated_device(tiny_path, capsys):
+    """Issue 67 item 14, through the command: --emulated-latency-us was ignored without --device emulated."""
+    assert main(["benchmark", "--model", str(tiny_path), "--cache-size", "4", "--emulated-latency-us", "50"]) == 2
+    assert capsys.readouterr().err == ("oled-moe benchmark: error: --emulated-latency-us needs --device emulated\n")

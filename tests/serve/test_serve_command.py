@@ -20,8 +20,10 @@ def test_serve_refuses_public_host_without_key(capsys, tiny_path):
         err = capsys.readouterr().err
         assert f"refusing to listen on {host} without --api-key" in err and "--insecure" in err
     assert serve.main(["--model", str(tiny_path), "--max-queue", "0"]) == 2
-    assert serve.is_loopback("127.0.0.1") and serve.is_loopback("localhost") and serve.is_loopback("::1")
-    assert not serve.is_loopback("0.0.0.0") and not serve.is_loopback("10.0.0.1")
+    from oled_hf.serve.guard import is_loopback
+
+    assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
+    assert not is_loopback("0.0.0.0") and not is_loopback("10.0.0.1")
 
 
 def test_serve_reports_missing_model(capsys, tmp_path):
@@ -42,7 +44,7 @@ def test_serve_refuses_bad_loading_and_batching_options_before_loading(capsys, t
          "give one of --cache-size, --cache-ratio or --max-gpu-memory, not --cache-size and --cache-ratio"),
         (["--cache-ratio", "1.5"], "--cache-ratio 1.5 is invalid: must be more than 0 and at most 1"),
         (["--cache-size", "0"], "--cache-size 0 is invalid: must be at least 1 expert slot per MoE layer"),
-        (["--policy", "lru"], "--policy needs a budget, --cache-size, --cache-ratio, --max-gpu-memory or "
+        (["--policy", "lru"], "--system needs a budget, --cache-size, --cache-ratio, --max-gpu-memory or "
                               "--gpu-memory-utilization"),
         (["--max-gpu-memory", "20GiB", "--cache-size", "4"], "not --cache-size and --max-gpu-memory"),
         (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization 1.5 is invalid: must be more than 0 and "
@@ -83,7 +85,8 @@ def test_live_commands_offer_only_live_policies(capsys):
         except SystemExit:
             pass
         text = " ".join(capsys.readouterr().out.split())
-        assert "--policy {lfu,lru,oled,static,tide}" in text and "work only in trace replay" in text
+        assert "--system SYSTEM" in text and "--offload-system SYSTEM deprecated: use --system" in text
+        assert "--policy {lfu,lru,oled,static,tide} deprecated" in text
         assert "--cache-ratio RATIO" in text and "--dtype {auto,float32,bfloat16,float16}" in text
         assert "--max-model-len TOKENS" in text and "[MODEL]" in text
 
@@ -97,7 +100,7 @@ def test_serve_command_starts_and_stops(tiny_path):
     proc = subprocess.Popen([sys.executable, "-m", "oled_hf.cli.serve", str(tiny_path), "--port",
                              str(port), "--block-length", "8", "--default-max-tokens", "8", "--log-level", "warning",
                              "--served-model-name", "tiny-cli", "--cache-ratio", "0.5", "--dtype", "float32",
-                             "--max-model-len", "64", "--max-batch-size", "4", "--policy", "lru"], env=env,
+                             "--max-model-len", "64", "--max-num-seqs", "4", "--system", "lru"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 60

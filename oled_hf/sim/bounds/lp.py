@@ -67,15 +67,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import scipy.sparse as sp
-from scipy.optimize import linprog
 
 from oled_hf.offload.costmodel import CostModel
 
 from ...offload.trace import Trace
 from ..demand import full_time, request_counts, timed_forwards
+
+if TYPE_CHECKING:
+    import scipy.sparse as sp  # imported where used: scipy is in the eval extra, not a core dependency
 
 US = 1e6  # the LP works in microseconds (better scaled than seconds)
 DEFAULT_WINDOW = 64  # forwards per LP window
@@ -150,6 +152,8 @@ class _Builder:
         self.v.append(np.broadcast_to(np.asarray(vals, dtype=np.float64), rows.shape).copy())
 
     def matrix(self, ncols: int) -> sp.csr_matrix:
+        import scipy.sparse as sp
+
         if not self.r:
             return sp.csr_matrix((self.n, ncols))
         return sp.coo_matrix((np.concatenate(self.v), (np.concatenate(self.r), np.concatenate(self.c))),
@@ -326,6 +330,8 @@ def solve_window(req: Requests, cm: CostModel, total_slots: int, first_nonexpert
         cost[o["x"]] += pin[idle_items] - pout[idle_items]
         cost[o["kend"]] -= pout[req.item[last_j]]
         cost[o["p"]] -= pout[out_items]
+    from scipy.optimize import linprog
+
     t0 = time.perf_counter()
     bu, be = np.concatenate(b_ineq), np.concatenate(b_eq)
     res = linprog(cost, A_ub=ineq.matrix(nvar), b_ub=bu, A_eq=eq.matrix(nvar), b_eq=be,

@@ -15,8 +15,6 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
-from transformers.utils import logging
-
 # The oled-hf release this code belongs to; pyproject.toml reads the package version from here.
 CODE_VERSION = "0.1.0"
 
@@ -42,8 +40,6 @@ CODE_FILES = (
     "params.py",
     "placement.py",
 )
-
-logger = logging.get_logger(__name__)
 
 
 def write_model_code(directory: str | os.PathLike) -> None:
@@ -105,7 +101,9 @@ def warn_on_code_version(config) -> None:
     installed = installed_oled_hf_version()
     if written is None or installed is None or written == installed:
         return
-    logger.warning(
+    from transformers.utils import logging  # here: the version lookup (`oled-moe --version`) needs no transformers
+
+    logging.get_logger(__name__).warning(
         "this checkpoint's model code was written by oled-hf %s but oled-hf %s is installed; the model "
         "runs with the code it was loaded with (this file's: %s). Re-save the checkpoint with "
         "save_pretrained (or `oled-moe prepare`) to update its code.", written, installed, CODE_VERSION,
