@@ -51,6 +51,7 @@ class SyncDevice:
     asynchronous = False
     cuda = False
     can_cancel = False
+    fifo_streams = False  # copies on one stream complete in issue order (CUDA streams do)
 
     def __init__(self, device: torch.device) -> None:
         self.device = torch.device(device)

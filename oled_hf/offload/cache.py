@@ -29,6 +29,7 @@ and ``CacheState.reconcile`` compare the bookkeeping against.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -44,12 +45,17 @@ from .store import ExpertStore, split_expert
 STAGING_BUFFERS = 8  # pinned staging rows of the memory-mapped store on CUDA (a wave runs this far ahead)
 
 
+_ORDER = itertools.count()
+
+
 @dataclass
 class Access:
     """The latest operation on a slot that a copy into it must follow: a copy wave's event or a kernel's."""
 
     event: Any
     waited: set[int] = field(default_factory=set)  # copy streams (priorities) that have waited for it
+    seq: int = field(default_factory=lambda: next(_ORDER))  # issue order: a later kernel over a slot implies this
+    stream: int = -1  # the copy stream (priority) of a copy wave; -1: a kernel
 
 
 class ExpertCache:
@@ -63,7 +69,7 @@ class ExpertCache:
         self.cuda = self.backend.cuda
         self.asynchronous = self.backend.asynchronous
         self.copy_stream = getattr(self.backend, "copy_stream", None)
-        self.ready: dict[int, Any] = {}  # slot -> the event of its copy, until compute waited for it
+        self.ready: dict[int, Access] = {}  # slot -> its copy wave, until compute waited for it
         self.last: dict[int, Access] = {}  # slot -> its latest copy or read (shared per event)
         self.range_reads: dict[tuple[int, int], Access] = {}  # (lo, hi) -> a kernel that read every slot in it
         self.prior: dict[int, list[Any]] = {}  # slot -> what its queued copy waited for (a cancel passes it on)
@@ -99,10 +105,9 @@ class ExpertCache:
         if self.staging is not None:
             self.staging.release(event)
         if event is not None:
-            access = Access(event, {priority})
+            access = Access(event, {priority}, stream=priority)
             for slot in slots:
-                self.ready[slot] = event
-                self.last[slot] = access
+                self.ready[slot] = self.last[slot] = access
             if self.backend.can_cancel:
                 for slot in slots:
                     self.prior[slot] = after
@@ -114,11 +119,14 @@ class ExpertCache:
     def _hazards(self, slots: list[int], priority: int) -> list[Any]:
         """The events a copy on ``priority``'s stream into ``slots`` must wait for (each once); marks them waited."""
         out: dict[int, Any] = {}
+        ranges = [(lo, hi, a) for (lo, hi), a in self.range_reads.items()]
         for slot in slots:
             access = self.last.get(slot)
             if access is None or priority in access.waited:
                 continue
-            if self.ready.get(slot) is access.event and self.backend.cancel(access.event, slot):
+            if any(lo <= slot < hi and a.seq > access.seq for lo, hi, a in ranges):
+                continue  # a later kernel read the whole range after waiting for this: waiting for it suffices
+            if self.ready.get(slot) is access and self.backend.cancel(access.event, slot):
                 del self.ready[slot]  # superseded before it started: what it waited for, this copy waits for
                 for event in self.prior.pop(slot, ()):
                     out[id(event)] = event
@@ -173,14 +181,17 @@ class ExpertCache:
         """Make compute wait for the copies into ``slots`` still in flight (the emulated device: the host)."""
         if not self.ready:
             return
-        waves: dict[int, tuple[Any, list[int]]] = {}
+        waves: dict[int, tuple[Access, list[int]]] = {}
         for slot in slots:
-            event = self.ready.pop(int(slot), None)
-            if event is not None:
-                waves.setdefault(id(event), (event, []))[1].append(int(slot))
-        for event, wave in waves.values():
+            access = self.ready.pop(int(slot), None)
+            if access is not None:
+                waves.setdefault(access.seq, (access, []))[1].append(int(slot))
+        if self.backend.fifo_streams and len(waves) > 1:  # waiting a stream's latest wave waits its earlier ones
+            latest = {a.stream: a.seq for a, _ in sorted(waves.values(), key=lambda w: w[0].seq)}
+            waves = {seq: w for seq, w in waves.items() if latest[w[0].stream] == seq}
+        for access, wave in waves.values():
             try:
-                self.backend.compute_wait(event)
+                self.backend.compute_wait(access.event)
             except BaseException:
                 self.slot_tags[wave] = -1  # the copies of this wave may not have landed: trust none of them
                 raise

@@ -71,6 +71,7 @@ class CudaDevice(SyncDevice):
     name = "cuda"
     asynchronous = True
     cuda = True
+    fifo_streams = True
 
     def __init__(self, device: torch.device, api: Any | None = None) -> None:
         super().__init__(device)

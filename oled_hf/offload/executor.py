@@ -203,9 +203,10 @@ class OffloadedExpertsExecutor:
             return DeferredAccess(layer, lambda: host_routing(topk_ids, topk_weights, need_w))
         packed = pack_routing(topk_ids, topk_weights)
         # a buffer of its own while an earlier deferred access of this layer has not read its routing
-        pending = backend.download(packed, None if self._deferred_busy else self.buffers.get("deferred", packed))
+        buffer = None if self._deferred_busy else self.buffers.get("deferred", tuple(packed.shape), packed.dtype)
+        pending = backend.download(packed, buffer)
         self._deferred_busy = True
-        ids_dtype = torch.empty(0, dtype=topk_ids.dtype).numpy().dtype
+        ids_dtype = np.dtype(str(topk_ids.dtype).removeprefix("torch."))
         k = topk_ids.shape[-1]
 
         def routing():
@@ -232,9 +233,7 @@ class OffloadedExpertsExecutor:
         t0 = clock()
         need_w = rt.controller.policy.uses_weights
         host_ids, host_w = routing_to_host(backend, topk_ids, topk_weights, need_w,
-                                           self.buffers.get("routing", topk_ids if not need_w else
-                                                            (topk_ids.shape[0], 2 * topk_ids.shape[-1]), torch.int32)
-                                           if backend.cuda else None)
+                                           self._routing_buffer(topk_ids, need_w))
         t1 = clock()
         rt.controller.flush()  # earlier deferred accesses (their routing landed before this layer's): own timers
         t2 = clock()

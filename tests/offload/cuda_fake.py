@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 from collections import Counter
-from typing import Any
 
 import numpy as np
 import torch
@@ -93,6 +93,7 @@ class FakeCuda:
         self.registered: list[int] = []  # bytes of each cudaHostRegister
         self.unregistered: list[int] = []
         self.pool: torch.Tensor | None = None
+        self.lock = threading.Lock()
 
     # ---- TorchCuda's interface ----------------------------------------------------------------
     def stream(self, high_priority: bool) -> FakeStream:
@@ -130,8 +131,10 @@ class FakeCuda:
 
     # ---- what the fake adds -----------------------------------------------------------------
     def host_wait(self, stamp: np.ndarray, what: str) -> None:
-        self.host_syncs.append(what)
-        self.order.wait(HOST, stamp)
+        with self.lock:  # the CPU experts' worker waits beside the main thread
+            self.host_syncs.append(what)
+            self.log.append(("host_wait", what, threading.current_thread() is threading.main_thread()))
+            self.order.wait(HOST, stamp)
 
     def decoder_sync(self) -> None:
         """The decoder reads the forward's logits on the host: the device is idle afterwards (not counted)."""
@@ -204,17 +207,19 @@ class SyncShim(TorchFunctionMode):
         self.layer = -1
         self.counts: Counter[int] = Counter()
         self.what: list[tuple[int, str]] = []
-        self._seen = 0
+        self._seen = len(cuda.host_syncs)  # from here on
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
         caller = sys._getframe(1).f_code.co_filename
         if "/oled_hf/offload/" in caller and args and isinstance(args[0], torch.Tensor):
+            self.cuda.kernel([])  # work on the current stream (a gather, an async copy): later events follow it
             blocking = name in BLOCKING or (name == "to" and not kwargs.get("non_blocking", False)
                                             and any(isinstance(a, (str, torch.device)) for a in args[1:]))
             if blocking and not self.cuda.is_pinned(args[0]):
-                self._count(f"{name} at {caller.rsplit('/', 1)[-1]}:{sys._getframe(1).f_lineno}")
+                where = "/".join(caller.rsplit("/", 2)[-2:])
+                self._count(f"{name} at {where}:{sys._getframe(1).f_lineno}")
         return func(*args, **kwargs)
 
     def _count(self, what: str) -> None:
@@ -244,10 +249,26 @@ class SyncShim(TorchFunctionMode):
         monkeypatch.setattr(executor_module.OffloadedExpertsExecutor, "__call__", counted)
 
 
-def cuda_backend_factory(cuda: FakeCuda):
-    """A ``make_device`` stand-in: the CUDA backend on the CPU, over ``cuda``."""
+def fake_cuda_model(path, monkeypatch, **config):
+    """An offloaded model whose pool runs on the CUDA backend over a :class:`FakeCuda` (copies and reads checked).
+
+    Calibration is off (it times ``torch.cuda`` directly); the decoder's per-forward sync is simulated.
+    """
+    from oled_hf.modeling import OledLLaDA2ForDiffusionLM
+
+    from oled_hf import OffloadConfig
+    from oled_hf.offload import cache as cache_module
     from oled_hf.offload.cuda_device import CudaDevice
 
-    def make(device, emulated=None) -> Any:
-        return CudaDevice(torch.device("cpu"), api=cuda)
-    return make
+    cuda = FakeCuda()
+    monkeypatch.setattr(cache_module, "make_device", lambda device, emulated=None: CudaDevice(torch.device("cpu"),
+                                                                                               api=cuda))
+    model = OledLLaDA2ForDiffusionLM.from_pretrained(path, offload_config=OffloadConfig(calibrate=False, **config))
+    model.eval()
+    rt = model._offload_runtime
+    assert rt.cache.cuda and rt.overlap_cpu  # the CUDA paths: pinned transfers, the CPU worker beside the device
+    cuda.watch(rt.cache, monkeypatch)
+    model.register_forward_hook(lambda *_: cuda.decoder_sync())  # the decoder reads the logits on the host
+    for block in model.moe_blocks():  # attention and router run on the compute stream before each MoE layer
+        block.register_forward_pre_hook(lambda *_: cuda.kernel([]))
+    return model, cuda
