@@ -72,7 +72,8 @@ def test_deferred_plans_equal_immediate_plans(tiny_path, reference, policy):
         stats = model.offload_stats()
         runs[defer] = (log, _counters(stats), rt.routing_transfers.tolist(), stats["total"]["forwards"],
                        [row["host_syncs"] for row in stats["layers"]])
-    (log, counters, transfers, forwards, syncs), (log0, counters0, transfers0, forwards0, syncs0) = runs[True], runs[False]
+    (log, counters, transfers, forwards, syncs), (log0, counters0, transfers0, forwards0, syncs0) = \
+        runs[True], runs[False]
     assert log == log0 and counters == counters0 and forwards == forwards0
     assert transfers0 == [forwards] * 3  # planned at once: one routing sync per layer access
     assert transfers[0] == transfers[2] == 0 and transfers[1] > 0
