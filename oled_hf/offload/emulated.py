@@ -63,8 +63,10 @@ def check_link(bandwidth: Any, latency: Any) -> None:
     """An emulated link's bandwidth (bytes/s) and latency (s), or the one-line error naming what is allowed."""
     if isinstance(bandwidth, bool) or not isinstance(bandwidth, (int, float)) or not math.isfinite(bandwidth) \
             or bandwidth < MIN_BANDWIDTH:
-        raise ValueError(f"emulated bandwidth={bandwidth!r} is invalid: must be a finite number of bytes/s "
-                         f">= {MIN_BANDWIDTH:g}")
+        finite = isinstance(bandwidth, (int, float)) and math.isfinite(bandwidth)
+        gbps = f" ({bandwidth / 1e9:g} GB/s)" if finite else ""
+        raise ValueError(f"emulated bandwidth={bandwidth!r} bytes/s{gbps} is invalid: must be a finite number of "
+                         f"bytes/s >= {MIN_BANDWIDTH:g} ({MIN_BANDWIDTH / 1e9:g} GB/s)")
     if isinstance(latency, bool) or not isinstance(latency, (int, float)) or not math.isfinite(latency) \
             or not 0 <= latency <= MAX_COPY_S:
         raise ValueError(f"emulated latency={latency!r} is invalid: must be a number of seconds in [0, {MAX_COPY_S:g}]")
@@ -296,13 +298,18 @@ class EmulatedDevice(SyncDevice):
     def copy_seconds(self, nbytes: int) -> float:
         return self.link.copy_seconds(nbytes)
 
+    def check_copy_time(self, expert_bytes: int) -> None:
+        """Refuse a link on which one expert's copy takes longer than ``MAX_COPY_S`` (a run would take hours)."""
+        seconds = self.copy_seconds(expert_bytes)
+        if seconds > MAX_COPY_S:
+            raise ValueError(f"the emulated link would take {seconds:.3g} s to copy one expert of {expert_bytes} bytes "
+                             f"at {self.bandwidth / 1e9:g} GB/s; allowed: at most {MAX_COPY_S:g} s per copy (raise "
+                             "emulated_bandwidth_gbps or lower emulated_latency_us)")
+
     def allocate(self, rows: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
         row_bytes = numel * torch.empty((), dtype=dtype).element_size()
         need = rows * row_bytes
-        if self.copy_seconds(row_bytes) > MAX_COPY_S:
-            raise ValueError(f"the emulated link would take {self.copy_seconds(row_bytes):.3g} s to copy one expert "
-                             f"of {row_bytes} bytes at {self.bandwidth:.3g} bytes/s; allowed: at most "
-                             f"{MAX_COPY_S:g} s per copy (raise the emulated bandwidth)")
+        self.check_copy_time(row_bytes)
         if self.memory_bytes is not None and self.allocated + need > self.memory_bytes:
             raise ValueError(f"the emulated device has {self.memory_bytes - self.allocated} bytes free of "
                              f"{self.memory_bytes}; a pool of {rows} expert slots needs {need}")

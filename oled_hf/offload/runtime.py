@@ -135,7 +135,7 @@ class OffloadRuntime(IterationObserver):
     """The offload machinery of one loaded model; one call at a time (``lock``, see the module doc)."""
 
     def __init__(self, model, config: Any, store: ExpertStore, device: torch.device,
-                 total_slots: int | None = None):
+                 total_slots: int | None = None, emulated: Any = None):
         """``config``: the model's ``OffloadConfig`` (not imported: it imports this module in ``attach``),
         resolved here once into the slots, the cost model and the system the controller is handed."""
         cfg = model.config
@@ -148,7 +148,10 @@ class OffloadRuntime(IterationObserver):
         # total_slots: from attach_offload, which sized it against the device before reading experts
         self.total_slots = total_slots if total_slots is not None else config.resolve_slots(
             self.num_layers, self.num_experts, expert_bytes=store.expert_bytes)
-        self.cache = ExpertCache(store, self.total_slots, device, config.emulated_device(store.expert_bytes))
+        # ``emulated``: the emulated device attach_offload built (and checked) before reading the store
+        if emulated is None:
+            emulated = config.emulated_device(store.expert_bytes)
+        self.cache = ExpertCache(store, self.total_slots, device, emulated)
         self.cost_model = self._cost_model(cfg)
         # "auto" decided by the device: off where the experts' device is the CPU (resolve_cpu_compute)
         self.cpu_compute = resolve_cpu_compute(config.cpu_compute, accelerator=self.cache.cuda)
@@ -334,7 +337,14 @@ def attach_offload(model, config: Any, checkpoint_files: list[str], dtype: torch
     if config.device == "emulated" and model.device.type != "cpu":
         raise ValueError(f"device='emulated' runs the model on the CPU; it was loaded on {model.device}: "
                          "load it with device_map='cpu'")
+    emulated = config.emulated_device(expert_bytes)  # its link is refused here, before any expert is read
+    if emulated is not None:
+        try:
+            emulated.check_copy_time(expert_bytes)
+        except ValueError:
+            emulated.close()
+            raise
     store = ExpertStore.from_safetensors([str(f) for f in checkpoint_files], layer_ids, cfg.num_experts,
                                          cfg.hidden_size, cfg.moe_intermediate_size, weight_dtype, config.store,
                                          extra_bytes=cache_host_bytes)
-    return OffloadRuntime(model, config, store, model.device, total_slots)
+    return OffloadRuntime(model, config, store, model.device, total_slots, emulated)

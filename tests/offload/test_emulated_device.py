@@ -47,7 +47,7 @@ def test_a_copy_takes_its_link_time_and_reading_waits_for_it():
     start = time.perf_counter()
     cache.load(0, 0, 2)
     assert time.perf_counter() - start < 0.02  # issued, not waited for
-    assert not cache.ready[0].query()
+    assert not cache.ready[0].event.query()
     cache.wait_ready([0])  # use before the copy completes: compute must wait for it
     assert time.perf_counter() - start >= 0.029
     assert _value(cache, 0) == 3.0
@@ -85,7 +85,7 @@ def test_demand_copies_overtake_queued_prefetches_and_a_needed_prefetch_is_promo
     cache.load(2, 0, 2)  # a demand copy issued after both prefetches
     cache.wait_ready([1])  # the demand path needs the second prefetch now: it stops yielding
     assert _value(cache, 1) == 2.0
-    waiting = cache.ready[0]
+    waiting = cache.ready[0].event
     assert not waiting.query()
     cache.wait_ready([2])
     assert _value(cache, 2) == 3.0
@@ -96,10 +96,11 @@ def test_demand_copies_overtake_queued_prefetches_and_a_needed_prefetch_is_promo
 
 
 @pytest.mark.parametrize("kw, match", [
-    (dict(bandwidth=0), "bandwidth=0 is invalid"),
-    (dict(bandwidth=1e-300 * 1e9), "bandwidth=1e-291 is invalid: must be a finite number of bytes/s >= 1000"),
-    (dict(bandwidth=-1.0), "bandwidth=-1.0 is invalid"),
-    (dict(bandwidth=float("nan")), "bandwidth=nan is invalid"),
+    (dict(bandwidth=0), r"bandwidth=0 bytes/s \(0 GB/s\) is invalid"),
+    (dict(bandwidth=1e-300 * 1e9), r"bandwidth=1e-291 bytes/s \(1e-300 GB/s\) is invalid: must be a finite number of "
+                                   r"bytes/s >= 1000 \(1e-06 GB/s\)"),
+    (dict(bandwidth=-1.0), "bandwidth=-1.0 bytes/s .* is invalid"),
+    (dict(bandwidth=float("nan")), "bandwidth=nan bytes/s is invalid"),
     (dict(bandwidth=1e9, latency=-1e-6), "latency=-1e-06 is invalid"),
 ])
 def test_a_bad_link_is_one_clear_error(kw, match):
@@ -246,4 +247,126 @@ def test_back_to_back_copies_keep_the_links_pace():
     assert len(landed) == 30 and device.busy_s == pytest.approx(30 * 0.5e-3)
     assert 30 * 0.5e-3 <= elapsed < 30 * 0.5e-3 * 1.15 + 2e-3
     assert device.blocking_waits == 1 and device.wake_s >= 0
+    device.close()
+
+
+# ---- a link that cannot work, a worker that dies, a copy that fails, a model that is dropped --------------
+
+def _within(seconds, fn):
+    """``fn()``'s result, or a test failure if it has not returned after ``seconds`` (instead of a hung suite)."""
+    box = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as err:  # noqa: BLE001 - handed to the test
+            box["error"] = err
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still running after {seconds} s (hung)"
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+@pytest.mark.parametrize("gbps, match", [
+    ("1e-300", r"emulated bandwidth=1e-291 bytes/s \(1e-300 GB/s\) is invalid: must be a finite number of bytes/s "
+               r">= 1000"),
+    ("1e-9", r"emulated bandwidth=1.0 bytes/s \(1e-09 GB/s\) is invalid"),
+    ("1e-5", r"the emulated link would take 9.83 s to copy one expert of 98304 bytes at 1e-05 GB/s; allowed: at "
+             r"most 1 s per copy"),
+])
+def test_an_absurd_emulated_bandwidth_is_one_line_and_exit_2(tiny_path, capsys, gbps, match):
+    """A copy thread that died on OverflowError (1e-300) or copies of hours (1e-9) hung the command."""
+    import re
+
+    from oled_hf.cli.main import main
+
+    code = _within(60, lambda: main(["benchmark", "--model", str(tiny_path), "--device", "emulated",
+                                     "--emulated-bandwidth-gbps", gbps, "--cache-size", "4", "--system", "lru",
+                                     "--max-new-tokens", "8", "--runs", "1", "--warmup-runs", "0", "--quiet"]))
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("oled-moe benchmark: error:")]
+    assert code == 2 and len(lines) == 1 and re.search(match, lines[0]), err
+
+
+def test_a_dead_copy_worker_fails_the_waiting_call_and_every_later_copy(monkeypatch):
+    from oled_hf.offload import emulated
+
+    device = EmulatedDevice(bandwidth=1e9, latency=0.0)
+
+    def overflow(seconds):
+        raise OverflowError("timestamp too large to convert to C _PyTime_t")
+
+    monkeypatch.setattr(emulated.time, "sleep", overflow)
+    event = device.copy([0], [lambda _: None], 10**9)  # a second of link time: the worker sleeps, and dies
+    with pytest.raises(emulated.CopyFailed, match=r"slot 0 failed: the copy worker died \(OverflowError"):
+        _within(10, event.synchronize)
+    with pytest.raises(emulated.CopyFailed, match="the emulated copy worker died"):
+        device.copy([1], [lambda _: None], 8)
+    device.close()
+
+
+def test_a_failed_emulated_copy_fails_the_generate_and_the_next_gives_the_resident_tokens(tiny_path, prompt_ids,
+                                                                                          resident_tokens):
+    """The copy worker's exception used to be kept in ``failures`` only: compute went on with the slot's old bytes."""
+    from oled_hf.offload.emulated import CopyFailed
+
+    model = OledLLaDA2ForDiffusionLM.from_pretrained(tiny_path, offload_config=OffloadConfig(
+        cache_size=3, system="lru", cpu_compute="off", **SLOW)).eval()
+    rt = model._offload_runtime
+    copy, calls = rt.cache._copy, [0]
+
+    def failing(dst, layer, expert, non_blocking):
+        calls[0] += 1
+        if calls[0] == 7:
+            raise RuntimeError("injected: the link dropped this copy")
+        copy(dst, layer, expert, non_blocking)
+
+    rt.cache._copy = failing
+    with pytest.raises(CopyFailed, match="injected: the link dropped this copy"):
+        _generate(model, prompt_ids)
+    rt.controller.state.check_invariants(rt.cache.slot_tags)
+    assert all(torch.equal(a, b) for a, b in zip(_generate(model, prompt_ids), resident_tokens))
+    rt.controller.state.check_invariants(rt.cache.slot_tags)
+    rt.cache.backend.close()
+
+
+def test_dropped_emulated_models_leave_no_copy_thread(tiny_path, prompt_ids):
+    import gc
+
+    def copy_threads():
+        return sum(t.name == "oled-emulated-copy" and t.is_alive() for t in threading.enumerate())
+
+    gc.collect()
+    before = copy_threads()
+    for _ in range(4):
+        model = OledLLaDA2ForDiffusionLM.from_pretrained(tiny_path, offload_config=OffloadConfig(
+            cache_size=3, system="lru", cpu_compute="off", **SLOW)).eval()
+        model.generate(prompt_ids[0], max_new_tokens=8, block_length=8)
+        del model
+    gc.collect()
+    deadline = time.perf_counter() + 5
+    while copy_threads() > before and time.perf_counter() < deadline:
+        time.sleep(0.02)
+    assert copy_threads() == before
+
+
+def test_the_emulated_device_refuses_an_order_cuda_would_race_on():
+    """A read before the wait for its copy, a copy over a slot a kernel read without waiting for it: each raises."""
+    from oled_hf.offload.ordering import OrderViolation
+
+    cache, device = _cache(0.001)
+    cache.load(0, 0, 1)
+    with pytest.raises(OrderViolation, match="reads slot 0 before the copy into it"):
+        device.compute_event([0])  # a kernel marked as reading slot 0, nobody waited for its copy
+    cache, device = _cache(0.001)
+    cache.load(1, 0, 1)
+    cache.wait_ready([1])
+    cache.mark_used_many([1])
+    cache.last.clear()  # forget the kernel: the next copy into slot 1 would not wait for it
+    with pytest.raises(OrderViolation, match="copy into slot 1 on the demand stream may overwrite it while a kernel"):
+        cache.load(1, 0, 2)
     device.close()
