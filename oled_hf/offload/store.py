@@ -8,7 +8,11 @@ they are never materialised on the device outside the cache pool. Two layouts:
   page-locked where CUDA exists, filled with plain file reads (no mmap: the page cache is not
   counted twice in the process's memory). One expert is one contiguous, 64-byte-aligned row: one
   DMA to a cache slot, and the same CPU GEMM code path as the resident model's aligned weights (so
-  CPU-computed misses round exactly like resident ones).
+  CPU-computed misses round exactly like resident ones). The buffers are ordinary allocations of
+  their exact size, page-locked in place (``cudaHostRegister``, :func:`pinned_reserve_bytes`): the
+  caching host allocator behind ``pin_memory=True`` rounds every block up to a power of two, so
+  LLaDA2.0-mini's 1.5 GiB layers would take 2 GiB each (38 GiB instead of 28.5 for 19 layers) and
+  the fit check, which counts the exact size, would let a load through that the host cannot take.
 * ``mmap``: zero-copy views into the safetensors files; nothing is read until used. Lowest memory,
   but views are only 8-byte aligned, so on a CPU-only machine CPU-computed experts may round
   differently from the resident model (tokens can differ in rare near-ties).
@@ -29,8 +33,10 @@ from __future__ import annotations
 import logging
 import os
 import re
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -46,6 +52,24 @@ SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch
 def read_safetensors_header(path: str | os.PathLike) -> tuple[dict, int]:
     """The JSON header and the byte offset where tensor data starts; a damaged file raises naming it."""
     return checkpoint_files.read_safetensors_header(path)
+
+
+PAGE = 4096
+
+
+def pinned_reserve_bytes(layer_bytes: int, layers: int) -> int:
+    """What the pinned store takes from the host: each layer's buffer at its size in whole pages, nothing rounded
+    further (page-locked in place, not from the caching host allocator, see the module docstring)."""
+    return layers * (-(-layer_bytes // PAGE) * PAGE)
+
+
+def default_host_pin() -> Any:
+    """What page-locks the pinned store's buffers: the CUDA runtime where CUDA exists, else nothing."""
+    if not torch.cuda.is_available():
+        return None
+    from .cuda_device import TorchCuda
+
+    return TorchCuda(torch.device("cuda"))
 
 
 def choose_store(mode: str, store_bytes: int, extra_bytes: int, available: int, total: int) -> str:
@@ -111,11 +135,13 @@ class ExpertStore:
     @classmethod
     def from_safetensors(cls, files: list[str], layer_ids: list[int], num_experts: int, hidden_size: int,
                          intermediate_size: int, dtype: torch.dtype, mode: str = "auto",
-                         extra_bytes: int = 0) -> ExpertStore:
-        """``extra_bytes``: host memory the load will take beside the store (a cache on the CPU device)."""
+                         extra_bytes: int = 0, pin: Any = "auto") -> ExpertStore:
+        """``extra_bytes``: host memory the load will take beside the store (a cache on the CPU device).
+        ``pin``: what page-locks the pinned buffers (``register``/``unregister``); "auto": CUDA where it exists."""
         if mode not in ("auto", "pinned", "mmap"):
             raise ValueError(f"store={mode!r} is unknown; allowed: auto, pinned, mmap")
-        store_bytes = len(layer_ids) * num_experts * 3 * hidden_size * intermediate_size * dtype.itemsize
+        layer_bytes = num_experts * 3 * hidden_size * intermediate_size * dtype.itemsize
+        store_bytes = pinned_reserve_bytes(layer_bytes, len(layer_ids))
         mode = choose_store(mode, store_bytes, extra_bytes, *placement.host_memory())
         store = cls(layer_ids, num_experts, hidden_size, intermediate_size, dtype, mode)
         locations = index_expert_tensors(files)
@@ -130,14 +156,17 @@ class ExpertStore:
         if mode == "mmap":
             store._map_views(locations)
         else:
-            store._read_buffers(locations)
+            store._read_buffers(locations, default_host_pin() if pin == "auto" else pin)
         return store
 
-    def _read_buffers(self, locations) -> None:
-        pin = torch.cuda.is_available()
+    def _read_buffers(self, locations, pin: Any) -> None:
+        """Read every layer into a buffer of its exact size, then page-lock it in place (``pin``; None: not)."""
         h, i = self.hidden, self.inter
+        if pin is not None:  # unlocked when the store goes, before its buffers are freed
+            self.pinned_ptrs: list[int] = []
+            weakref.finalize(self, _unpin, pin, self.pinned_ptrs)
         for layer in self.layer_ids:
-            buf = torch.empty((self.num_experts, self.numel), dtype=self.dtype, pin_memory=pin)
+            buf = torch.empty((self.num_experts, self.numel), dtype=self.dtype)
             for e in range(self.num_experts):
                 for p, part in enumerate(PARTS):
                     loc = locations[(layer, e, part)]
@@ -148,6 +177,9 @@ class ExpertStore:
             if checkpoint_files.first_non_finite(buf) is not None:
                 experts = ((e, split_expert(buf[e], h, i)) for e in range(self.num_experts))
                 self._raise_non_finite(layer, locations, experts)
+            if pin is not None:
+                pin.register(buf)
+                self.pinned_ptrs.append(buf.data_ptr())
             self.buffers.append(buf)
 
     @staticmethod
@@ -217,6 +249,11 @@ class ExpertStore:
                 for part, tensor in zip(PARTS, self.weights(m, e)):
                     out[f"model.layers.{layer}.mlp.experts.{e}.{part}.weight"] = tensor
         return out
+
+
+def _unpin(pin: Any, ptrs: list[int]) -> None:
+    for ptr in ptrs:
+        pin.unregister(ptr)
 
 
 def split_expert(row: torch.Tensor, hidden: int, inter: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
