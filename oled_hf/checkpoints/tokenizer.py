@@ -202,10 +202,34 @@ def save_llada2_tokenizer(tokenizer_object: Tokenizer, out_dir: str | os.PathLik
         padding_side="left",
     )
     wrapped.chat_template = CHAT_TEMPLATE
+
+    def save(folder: Path) -> None:
+        wrapped.save_pretrained(str(folder))
+        portable_tokenizer_config(folder / "tokenizer_config.json")
+
     # Built in a temporary sibling folder, then moved in (the files replace theirs by name, a link
     # there is replaced, never written through): a failure leaves ``out_dir`` as it was.
-    out = write_folder_atomically(lambda folder: wrapped.save_pretrained(str(folder)), out_dir)
+    out = write_folder_atomically(save, out_dir)
     return AutoTokenizer.from_pretrained(str(out))
+
+
+def portable_tokenizer_config(path: Path) -> None:
+    """Rewrite Transformers 5's ``tokenizer_config.json`` in the spelling 4.x reads too, as official checkpoints have it.
+
+    5.x writes ``"tokenizer_class": "TokenizersBackend"`` (a class 4.x lacks: "Tokenizer class
+    TokenizersBackend does not exist") and ``extra_special_tokens`` as a list (4.x reads that key
+    as a dict of named tokens). ``PreTrainedTokenizerFast`` and ``additional_special_tokens`` are
+    read by both, to the same ids and special tokens (checked with 4.57 and 5.23).
+    """
+    data = json.loads(path.read_text())
+    if data.get("tokenizer_class") == "TokenizersBackend":
+        data["tokenizer_class"] = "PreTrainedTokenizerFast"
+    extra = data.pop("extra_special_tokens", None)
+    if isinstance(extra, list):
+        data["additional_special_tokens"] = extra
+    elif extra is not None:
+        data["extra_special_tokens"] = extra
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 
 
 def load_tokenizer(path: str | os.PathLike, *, model=None, **kwargs):

@@ -25,6 +25,7 @@ that asks the device, so the sizing is tested with plain numbers.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from numbers import Integral
 from typing import Any
 
@@ -56,6 +57,66 @@ def parse_memory(value: Any, field: str = "max_gpu_memory") -> int:
         raise ValueError(f"{field}={value!r} is invalid: {size:.3g} bytes is more than any device holds (at most "
                          f"{MAX_MEMORY_BYTES} bytes, 2**63 - 1, what a tensor's size can count)")
     return size
+
+
+@dataclass(frozen=True)
+class MaxMemory:
+    """accelerate's ``max_memory`` as offloading reads it: at most one device entry, and the host's.
+
+    ``device``: the device entry's device (``cuda:0``; an int key is a CUDA ordinal, as accelerate reads
+    it) or None; ``device_bytes``: the device's whole budget, non-expert weights included;
+    ``cpu_bytes``: the cap on host memory (the store, and on a CPU device the weights and cache too).
+    """
+
+    device: str | None = None
+    device_bytes: int | None = None
+    cpu_bytes: int | None = None
+
+
+def parse_max_memory(value: Any, field: str = "max_memory") -> MaxMemory:
+    """accelerate's ``max_memory`` dict (``{0: "20GiB", "cpu": "60GiB"}``), checked: one line naming what is wrong.
+
+    Keys: a CUDA ordinal (an int, or its digits after a JSON round trip), ``"cuda"``, ``"cuda:N"`` or
+    ``"cpu"``; ``"disk"`` is refused (offloaded experts stay in the safetensors files, ``store='mmap'``),
+    and so is more than one device (an offloaded model runs on one). Values: :func:`parse_memory`'s sizes.
+    """
+    allowed = "keys: a CUDA device (0, 'cuda:0') or 'cpu'; values: sizes such as '20GiB' or ints of bytes"
+    if not isinstance(value, dict) or not value:
+        raise ValueError(f"{field}={value!r} is invalid: must be a non-empty dict, as accelerate's ({allowed})")
+    devices: dict[str, int] = {}
+    cpu = None
+    for key, size in value.items():
+        name = max_memory_device(key)
+        if name is None:
+            hint = (" (with offload_config the experts stay in the checkpoint's files: store='mmap')"
+                    if key == "disk" else "")
+            raise ValueError(f"{field} key {key!r} is invalid{hint}; {allowed}")
+        parsed = parse_memory(int(size) if isinstance(size, str) and size.strip().isdigit() else size,
+                              f"{field}[{key!r}]")
+        if name == "cpu":
+            cpu = parsed
+        else:
+            devices[name] = parsed
+    if len(devices) > 1:
+        raise ValueError(f"{field}={value!r} names {len(devices)} devices ({', '.join(sorted(devices))}): an "
+                         "offloaded model runs on one device; give its entry and 'cpu'")
+    device, device_bytes = next(iter(devices.items()), (None, None))
+    return MaxMemory(device, device_bytes, cpu)
+
+
+def max_memory_device(key: Any) -> str | None:
+    """A ``max_memory`` key as a device name (``0`` / ``"0"`` / ``"cuda"`` -> ``cuda:0``), None if not one."""
+    if isinstance(key, bool):
+        return None
+    if isinstance(key, Integral) or (isinstance(key, str) and key.isdigit()):
+        return f"cuda:{int(key)}" if int(key) >= 0 else None
+    if key == "cpu":
+        return "cpu"
+    if key == "cuda":
+        return "cuda:0"
+    if isinstance(key, str) and key.startswith("cuda:") and key[5:].isdigit():
+        return f"cuda:{int(key[5:])}"
+    return None
 
 
 def format_bytes(n: float) -> str:

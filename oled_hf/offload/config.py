@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, fields
 from numbers import Integral, Real
 from typing import TYPE_CHECKING, Any
 
-from .budget import DEFAULT_GPU_MEMORY_UTILIZATION, parse_memory, slots_for_bytes
+from .budget import DEFAULT_GPU_MEMORY_UTILIZATION, MaxMemory, parse_max_memory, parse_memory, slots_for_bytes
 
 if TYPE_CHECKING:
     from .system import System
@@ -51,6 +51,14 @@ class OffloadConfig:
     device bytes (``"20GiB"``, ``"20GB"``, ``"500MiB"`` or an int of bytes, as accelerate's
     ``max_memory``). ``gpu_memory_utilization``, ``auto_batch_size`` and ``auto_context_length``
     are read only with ``cache_ratio="auto"``.
+    ``max_memory``: accelerate's dict (``{0: "20GiB", "cpu": "60GiB"}``, what ``from_pretrained(...,
+    max_memory=...)`` hands in). Its device entry is the device's whole budget, non-expert weights
+    included: alone it is the budget (the pool gets what the non-expert weights leave), beside
+    ``cache_size``/``cache_ratio``/``max_gpu_memory`` it caps them (refused at load if exceeded).
+    Its ``"cpu"`` entry caps host memory: a pinned store that would pass it becomes ``store="mmap"``
+    (the experts are read from the shard files, page cache the kernel can drop), or is refused with
+    ``store="pinned"``; on a CPU device the weights and the cache count too. Resolved at load
+    (:meth:`attach`), where the non-expert weights' size is known.
     The budget is never enlarged: one that gives a layer fewer than ``min_slots_per_layer`` slots
     is refused at load (:meth:`resolve_slots`), as is a pool larger than the device's free memory.
     Cost-model overrides replace the values measured at load (``calibrate``) or the preset.
@@ -82,6 +90,7 @@ class OffloadConfig:
     cache_size: int | None = None
     cache_ratio: float | str | None = None  # or "auto": sized from free GPU memory at load
     max_gpu_memory: int | str | None = None  # device bytes for the expert slot pool: "20GiB", 20 * 2**30
+    max_memory: dict | None = None  # accelerate's {0: "20GiB", "cpu": "60GiB"}: device total and host cap
     # read only with cache_ratio="auto" (oled_hf/offload/budget.py)
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     auto_batch_size: int = 1
@@ -265,16 +274,45 @@ class OffloadConfig:
             raise ValueError(f"layer_adaptive=False and system={self.system!r} disagree: the system's allocation "
                              f"is 'adaptive'; name a '+uniform' system or leave layer_adaptive at True")
 
+    def max_memory_entries(self) -> MaxMemory:
+        """``max_memory`` parsed (:func:`budget.parse_max_memory`); empty where none is given."""
+        return MaxMemory() if self.max_memory is None else parse_max_memory(self.max_memory)
+
+    def with_max_memory(self, max_memory: Any) -> OffloadConfig:
+        """This config with ``from_pretrained``'s ``max_memory`` (accelerate's dict), checked; refused if it
+        already holds a different one (the budget is given once)."""
+        if max_memory is None:
+            return self
+        if self.max_memory is not None and self.max_memory != max_memory:
+            raise ValueError(f"max_memory={max_memory!r} is given to from_pretrained and max_memory="
+                             f"{self.max_memory!r} to OffloadConfig: give it once")
+        return dataclasses.replace(self, max_memory=dict(max_memory))
+
     def _check_budget(self) -> None:
-        """Exactly one of the three budgets, each valid; the error names the field and what is allowed."""
+        """Exactly one of the three budgets, each valid; the error names the field and what is allowed.
+
+        ``max_memory``'s device entry may stand for them (it is the device's whole budget), or cap one
+        of them; beside ``cache_ratio='auto'`` (which sizes the pool from the device too) it is refused.
+        """
+        if self.max_memory is not None:  # JSON turns {0: ...} into {"0": ...}: the same device
+            self.max_memory = {int(k) if isinstance(k, str) and k.isdigit() else k: v
+                               for k, v in self.max_memory.items()} if isinstance(self.max_memory, dict) \
+                else self.max_memory
+        entries = self.max_memory_entries()
         given = [name for name in BUDGETS if getattr(self, name) is not None]
+        if entries.device is not None and self.cache_ratio == AUTO:
+            raise ValueError(f"cache_ratio='auto' and max_memory's {entries.device} entry both size the expert "
+                             "cache from the device: give one of them")
+        if entries.device is not None and len(given) <= 1:
+            given = given or ["max_memory"]
         if len(given) != 1:
             got = "neither" if not given else "both (" + ", ".join(
                 f"{name}={getattr(self, name)!r}" for name in given) + ")"
             raise ValueError(
                 "OffloadConfig needs exactly one budget: cache_size (expert slots per MoE layer, integer >= 1), "
                 "cache_ratio (fraction of routed-expert bytes in (0, 1], or 'auto' to size it from free GPU memory) "
-                f"or max_gpu_memory (device bytes for experts, e.g. '20GiB'); got {got}"
+                f"or max_gpu_memory (device bytes for experts, e.g. '20GiB'), or accelerate's max_memory with a "
+                f"device entry (the device's whole budget, e.g. {{0: '20GiB'}}); got {got}"
             )
         if self.cache_size is not None and (not _is_int(self.cache_size) or self.cache_size < 1):
             raise ValueError(
@@ -335,6 +373,10 @@ class OffloadConfig:
         """
         self._check_shape(num_moe_layers, num_experts)
         total_experts = num_moe_layers * num_experts
+        if all(getattr(self, name) is None for name in BUDGETS):
+            raise ValueError("max_memory's device entry becomes the expert budget when the model loads (it needs the "
+                             "non-expert weights' size, OffloadConfig.attach); here give cache_size, cache_ratio or "
+                             "max_gpu_memory")
         if self.auto:
             raise ValueError("cache_ratio='auto' is sized from the device when the model loads "
                              "(OffloadConfig.resolve_device_slots); here give cache_size or a numeric cache_ratio")
@@ -407,21 +449,22 @@ class OffloadConfig:
                 device=str(dev))
         slots = self.resolve_slots(layers, experts, expert_bytes=one)
         if memory is not None and slots * one > memory:
-            raise ValueError(f"{self._budget_text()} needs {budget.format_bytes(slots * one)} for {slots} expert "
+            raise ValueError(f"{self.budget_text()} needs {budget.format_bytes(slots * one)} for {slots} expert "
                              f"slots, but emulated_memory={self.emulated_memory!r} is "
                              f"{budget.format_bytes(memory)}; use a smaller budget")
         if dev.type == "cuda" and torch.cuda.is_available():
             free, total, reclaimable = budget.device_memory(dev)
             if slots * one > free + reclaimable:
                 raise ValueError(
-                    f"{self._budget_text()} needs {budget.format_bytes(slots * one)} of device memory for "
+                    f"{self.budget_text()} needs {budget.format_bytes(slots * one)} of device memory for "
                     f"{slots} expert slots, but {dev} has {budget.format_bytes(free + reclaimable)} free of "
                     f"{budget.format_bytes(total)}; use a smaller budget or cache_ratio='auto'"
                 )
         return slots
 
-    def _budget_text(self) -> str:
-        name = next(name for name in BUDGETS if getattr(self, name) is not None)
+    def budget_text(self) -> str:
+        """``cache_size=4``: the budget as given, for messages."""
+        name = next((name for name in BUDGETS if getattr(self, name) is not None), "max_memory")
         return f"{name}={getattr(self, name)!r}"
 
     def _check_minimum(self, slots: int, num_moe_layers: int, total_experts: int,
@@ -456,10 +499,11 @@ class OffloadConfig:
         (against the device), the :class:`System` (:meth:`resolved_system`) and the cost model, and
         hands those down; the runtime imports no config (the import runs this way only).
         """
+        from .max_memory import resolve_max_memory
         from .runtime import attach_offload
 
         self.check_record_trace()  # before the store reads any expert
-        return attach_offload(model, self, checkpoint_files, dtype)
+        return attach_offload(model, resolve_max_memory(self, model, dtype), checkpoint_files, dtype)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -170,3 +170,21 @@ def _load_in_subprocess(code: str, folder: str) -> tuple[str, str]:
 def test_autotokenizer_loads_without_a_prompt(tiny_path, code):
     out, err = _load_in_subprocess(code, str(tiny_path))
     assert PROMPT_TEXT not in out + err and out.splitlines()[-1] == "left"
+
+
+@pytest.mark.parametrize("folder", ["tiny", *SHIPPED])
+def test_tokenizer_config_is_spelled_as_transformers_4_reads_it(folder, tiny_path):
+    """Issue 67 item 5: Transformers 4.57 refused a make-tiny tokenizer ("Tokenizer class TokenizersBackend does not
+    exist"), and reads ``extra_special_tokens`` as a dict of named tokens. The 4.x spelling reads the same in 5.x."""
+    import json
+    from pathlib import Path
+
+    path = tiny_path if folder == "tiny" else Path(__file__).resolve().parents[2] / folder
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] == "PreTrainedTokenizerFast"
+    assert config["additional_special_tokens"] == ["</role>", "<role>", "<|role_end|>"]
+    assert not isinstance(config.get("extra_special_tokens"), list)
+    tok = AutoTokenizer.from_pretrained(str(path))
+    assert {"</role>", "<role>", "<|role_end|>", "<|mask|>", "<|endoftext|>"} <= set(tok.all_special_tokens)
+    ids = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True)["input_ids"]
+    assert tok.decode(ids).endswith("<role>HUMAN</role>hi<|role_end|><role>ASSISTANT</role>")

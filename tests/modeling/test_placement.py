@@ -76,9 +76,10 @@ def test_offload_config_with_a_one_device_map_loads(tiny_path, resident_tokens, 
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(max_memory={"cpu": "1GB"}), r"max_memory=\{'cpu': '1GB'\} cannot be combined with offload_config: .*"
-                                      r"OffloadConfig\(max_gpu_memory=\.\.\.\)"),
-    (dict(device_map="auto", max_memory={0: "20GiB", "cpu": "60GiB"}), r"max_memory=.* cannot be combined"),
+    (dict(max_memory={"disk": "1GB"}), r"^max_memory key 'disk' is invalid \(with offload_config the experts stay in "
+                                       r"the checkpoint's files: store='mmap'\); keys: a CUDA device"),
+    (dict(device_map="cuda:0", max_memory={0: "20GiB", 1: "20GiB"}), r"names 2 devices \(cuda:0, cuda:1\)"),
+    (dict(max_memory={"cpu": "infGiB"}), r"^max_memory\['cpu'\]='infGiB' is invalid"),
     (dict(offload_folder="/tmp/x"), r"offload_folder='/tmp/x' cannot be combined with offload_config"),
     (dict(device_map="disk"), r"device_map='disk' cannot be combined with offload_config: an offloaded model runs "
                               r"on one device .*OffloadConfig"),
