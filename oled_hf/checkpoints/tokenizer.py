@@ -214,7 +214,7 @@ def save_llada2_tokenizer(tokenizer_object: Tokenizer, out_dir: str | os.PathLik
 
 
 def portable_tokenizer_config(path: Path) -> None:
-    """Rewrite Transformers 5's ``tokenizer_config.json`` in the spelling 4.x reads too, as official checkpoints have it.
+    """Rewrite Transformers 5's ``tokenizer_config.json`` in the spelling 4.x reads too (official checkpoints' own).
 
     5.x writes ``"tokenizer_class": "TokenizersBackend"`` (a class 4.x lacks: "Tokenizer class
     TokenizersBackend does not exist") and ``extra_special_tokens`` as a list (4.x reads that key

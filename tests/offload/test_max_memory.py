@@ -59,7 +59,7 @@ def test_the_device_entry_alone_is_a_budget_and_round_trips():
     with pytest.raises(ValueError, match="becomes the expert budget when the model loads"):
         config.resolve_slots(3, 64)
     assert OffloadConfig(cache_size=4, max_memory={0: "1GiB"}).with_max_memory({0: "1GiB"}).cache_size == 4
-    with pytest.raises(ValueError, match="is given to from_pretrained and max_memory=.* to OffloadConfig: give it once"):
+    with pytest.raises(ValueError, match="given to from_pretrained and max_memory=.* to OffloadConfig: give it once"):
         OffloadConfig(cache_size=4, max_memory={0: "1GiB"}).with_max_memory({0: "2GiB"})
 
 

@@ -443,7 +443,7 @@ class OledLLaDA2ForDiffusionLM(OledLLaDA2PreTrainedModel, DiffusionGenerationMix
     builds the model without routed-expert modules and lets the offload config attach its runtime
     after loading; the model itself only calls ``offload_config.attach(...)`` and never imports the
     runtime. ``device_map`` / ``max_memory`` / ``offload_folder``: accelerate's conventions without
-    it, one device with it (``placement.py``).
+    it; with it one device, and ``max_memory`` as the device's budget and the host's cap (``placement.py``).
     """
 
     def __init__(self, config: OledLLaDA2Config, offload_config=None, strict: bool = True, **kwargs):
@@ -463,7 +463,7 @@ class OledLLaDA2ForDiffusionLM(OledLLaDA2PreTrainedModel, DiffusionGenerationMix
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
         if kwargs.get("offload_config") is not None:  # a dict becomes an OffloadConfig; placement checked
-            kwargs["offload_config"] = resolve_offload_config(kwargs["offload_config"])
+            kwargs["offload_config"] = resolve_offload_config(kwargs["offload_config"], kwargs.pop("max_memory", None))
             offload_placement(kwargs)
         if args and isinstance(args[0], (str, os.PathLike)):  # local folder: its index, before Transformers
             check_local_index(os.path.join(args[0], kwargs.get("subfolder") or ""))

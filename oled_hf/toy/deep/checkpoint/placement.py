@@ -14,8 +14,9 @@ checkpoint and the slot cache on the run device holds some of them, sized by the
 weights are placed by ``device_map`` on ONE device, the device the slot cache is on
 (:func:`offload_placement`): an accelerate strategy ("auto", "balanced", ...) means the first
 CUDA device, else the CPU; a map that spreads modules over several devices, or onto "disk", is
-refused before anything loads, and so are ``max_memory`` and ``offload_folder``, which size and
-offload accelerate-placed modules, not the expert cache.
+refused before anything loads, and so is ``offload_folder`` (disk offload of accelerate-placed
+modules). ``max_memory`` is read as accelerate means it: its device entry is the device's budget,
+non-expert weights included, and its cpu entry caps host memory (``oled_hf/offload/max_memory.py``).
 """
 
 from __future__ import annotations
@@ -25,16 +26,31 @@ import importlib
 import torch
 
 ACCELERATE_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
-# from_pretrained options that size or offload accelerate-placed modules: meaningless for the expert cache
-ACCELERATE_OFFLOAD_OPTIONS = ("max_memory", "offload_folder", "offload_state_dict", "offload_buffers")
+# from_pretrained options that offload accelerate-placed modules to disk: meaningless for the expert cache
+ACCELERATE_OFFLOAD_OPTIONS = ("offload_folder", "offload_state_dict", "offload_buffers")
 
 
-def resolve_offload_config(value):
+def resolve_offload_config(value, max_memory=None):
     """An ``OffloadConfig`` (anything with ``attach``) as is; a dict of its fields built into one.
 
+    ``max_memory``: ``from_pretrained``'s (accelerate's dict), handed to the config, which reads it
+    (``with_max_memory``: the device entry is the device's budget, the cpu entry caps host memory).
     ``modeling/`` imports only torch and transformers: the config class is imported here, lazily,
     and only when a dict is given (it lives in the oled-hf package).
     """
+    if isinstance(value, dict) and max_memory is not None and "max_memory" not in value:
+        value, max_memory = {**value, "max_memory": max_memory}, None  # it may be the dict's only budget
+    config = _build_offload_config(value)
+    if max_memory is None:
+        return config
+    if not hasattr(config, "with_max_memory"):
+        raise ValueError(f"max_memory={max_memory!r} cannot be combined with this offload_config "
+                         f"({type(config).__name__} reads no max_memory); give the budget in the config")
+    return config.with_max_memory(max_memory)
+
+
+def _build_offload_config(value):
+    """An ``OffloadConfig`` (anything with ``attach``) as is; a dict of its fields built into one."""
     if value is None or hasattr(value, "attach"):
         return value
     if isinstance(value, dict):
@@ -68,19 +84,19 @@ def _strategy_device() -> str:
 def offload_placement(kwargs: dict) -> None:
     """With ``offload_config``: check and resolve the placement options of ``from_pretrained`` in place.
 
-    Refused before loading (one line, naming OffloadConfig): ``max_memory`` and the other options of
-    :data:`ACCELERATE_OFFLOAD_OPTIONS`, a ``device_map`` over several devices or onto "disk". An
-    accelerate strategy string becomes the single device it stands for here (first CUDA device,
-    else the CPU).
+    Refused before loading (one line, naming OffloadConfig): the options of
+    :data:`ACCELERATE_OFFLOAD_OPTIONS`, a ``device_map`` over several devices or onto "disk".
+    (``max_memory`` went to the config: :func:`resolve_offload_config`.) An accelerate strategy
+    string becomes the single device it stands for here (first CUDA device, else the CPU).
     """
     for name in ACCELERATE_OFFLOAD_OPTIONS:
         value = kwargs.get(name)
         if value is not None and value is not False:
             raise ValueError(
-                f"{name}={value!r} cannot be combined with offload_config: it sizes/offloads modules accelerate "
-                "places, and the routed experts are not modules; budget the expert cache with "
-                "OffloadConfig(max_gpu_memory=...) (or cache_size / cache_ratio) and put the other weights on one "
-                "device with device_map"
+                f"{name}={value!r} cannot be combined with offload_config: it offloads modules accelerate "
+                "places to disk, and the routed experts are not modules (they stay in the checkpoint's files "
+                "with OffloadConfig(store='mmap')); budget the expert cache with max_memory or OffloadConfig and "
+                "put the other weights on one device with device_map"
             )
     device_map = kwargs.get("device_map")
     if device_map is None:
