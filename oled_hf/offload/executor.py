@@ -38,7 +38,6 @@ keeps each expert's pairs in pair order) and the same grouped kernel and combine
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,8 +51,10 @@ from ..modeling.experts import (
     sort_pairs,
     swiglu_expert,
 )
+from . import cpu_experts
 from .backend import PREFETCH, Pending
 from .controller import DeferredAccess
+from .host_io import HostBuffers, host_routing, pack_routing, routing_to_host, unpack_routing
 from .layer_plan import LayerPlan
 from .live_timing import copies_may_wait, record_end, record_start
 
@@ -86,39 +87,6 @@ def plan_waves(plan: LayerPlan) -> list[Wave]:
                 seen.add(s)
             waves.append(Wave(experts[start:], slots[start:], True))
     return waves
-
-
-def pack_routing(topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
-    """Ids and fp32 gate weights as one int32 ``[T, 2k]`` tensor (weights bit-cast): one transfer."""
-    return torch.cat([topk_ids.to(torch.int32), topk_weights.float().view(torch.int32)], dim=-1)
-
-
-def unpack_routing(packed: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    return packed[:, :k], np.ascontiguousarray(packed[:, k:]).view(np.float32)
-
-
-def host_routing(topk_ids: torch.Tensor, topk_weights: torch.Tensor, need_weights: bool):
-    """The routing as NumPy on a host device (views on the CPU): no transfer, nothing to wait for."""
-    def to_np(t: torch.Tensor) -> np.ndarray:
-        return t.detach().numpy() if t.device.type == "cpu" else t.detach().cpu().numpy()
-    return to_np(topk_ids), to_np(topk_weights) if need_weights else None
-
-
-def routing_to_host(backend, topk_ids: torch.Tensor, topk_weights: torch.Tensor, need_weights: bool,
-                    buffer: torch.Tensor | None = None):
-    """The routing on the host now (ids and, if needed, gate weights in one transfer): one counted host sync.
-
-    On CUDA through the pinned ``buffer`` (shape of the packed routing) and an event; the arrays
-    are copied out of it, so the buffer may be reused at once.
-    """
-    if not backend.cuda:
-        backend.count_sync()
-        return host_routing(topk_ids, topk_weights, need_weights)
-    if not need_weights:
-        return backend.to_host(topk_ids, buffer).copy(), None
-    packed = backend.to_host(pack_routing(topk_ids, topk_weights), buffer)
-    ids, weights = unpack_routing(packed, topk_ids.shape[-1])
-    return ids.copy(), weights.copy()
 
 
 @dataclass
@@ -260,7 +228,7 @@ class OffloadedExpertsExecutor:
         cpu = None
         if plan.cpu:  # its inputs start for the host now; the CPU works while the device computes
             tc = clock()
-            cpu = self._cpu_start(sorted(plan.cpu), plan.counts, host_ids.reshape(-1), hidden_states, k)
+            cpu = cpu_experts.start(self, sorted(plan.cpu), plan.counts, host_ids.reshape(-1), hidden_states, k)
             other += clock() - tc
         keys = self._wave_keys(waves, flat) if grouped else None
         for i, wave in enumerate(waves):
@@ -283,7 +251,7 @@ class OffloadedExpertsExecutor:
 
         cpu_s = None
         if cpu is not None:
-            cpu_s = self._cpu_finish(cpu, per_pair)
+            cpu_s = cpu_experts.finish(rt, layer, cpu, per_pair)
         if calibrating:  # on the main thread after the CPU result: observations in access order
             rt.controller.dispatcher.observe(rt.controller.copy_timer.landed_seconds_per_copy(),
                                              plan.counts[sorted(plan.cpu)] if cpu_s is not None else None, cpu_s)
@@ -396,85 +364,7 @@ class OffloadedExpertsExecutor:
             per_pair[rows] = swiglu_expert(hidden_states[rows // k], *cache.weights(slot))
         cache.mark_used_many(slots)
 
-    # ---- CPU experts ---------------------------------------------------------------------------
-    def _cpu_start(self, experts: list[int], counts: np.ndarray, host_flat: np.ndarray, hidden_states,
-                   k: int) -> CpuWork:
-        """Start the CPU experts: their pairs' rows go to the host without a wait here; the CPU pool's worker
-        waits for them (the layer's second host sync) while the device computes, or inline on a CPU device."""
-        rt, backend = self.runtime, self.runtime.cache.backend
-        on_cpu = np.zeros(rt.num_experts, dtype=bool)
-        on_cpu[experts] = True
-        pairs = np.flatnonzero(on_cpu[host_flat])
-        pairs = pairs[np.argsort(host_flat[pairs], kind="stable")]
-        offs = np.cumsum(counts[experts])
-        index = backend.upload(pairs)
-        x = hidden_states[index // k]
-        pending = backend.download(x, self.buffers.get("cpu_x", tuple(x.shape), x.dtype) if backend.cuda else None)
-        if rt.overlap_cpu:  # the CPU works while the device computes hits and copies
-            return CpuWork(index, rt.cpu_pool().submit(self._cpu_experts, experts, pending, offs))
-        return CpuWork(index, None, self._cpu_experts(experts, pending, offs))
-
-    def _cpu_finish(self, work: CpuWork, per_pair: torch.Tensor) -> float:
-        """The CPU experts' output into ``per_pair`` (one upload, no wait); returns their compute seconds."""
-        rt = self.runtime
-        if work.job is not None:
-            t = time.perf_counter()
-            work.result = work.job.result()
-            rt.timing["cpu_wait"][self.moe_index] += time.perf_counter() - t
-        out, cpu_s = work.result
-        per_pair[work.index] = rt.cache.backend.upload(out)
-        return cpu_s
-
+    # ---- CPU experts (cpu_experts.py) ---------------------------------------------------------
     def _cpu_experts(self, experts: list[int], pending: Pending, offs: np.ndarray) -> tuple[torch.Tensor, float]:
-        """All CPU-assigned experts of the layer: one grouped call over the store's layer buffer.
-
-        Waits for the inputs' transfer first (a counted host sync). Returns the output and the call's
-        wall time (seconds, the wait excluded), which a calibrating dispatcher observes.
-        """
-        rt = self.runtime
-        host_x = rt.cache.backend.wait(pending)
-        start = time.perf_counter()
-        views = rt.store.grouped_views(self.moe_index)
-        if views is not None and grouped_supported("cpu", host_x.dtype):
-            counts = np.zeros(rt.num_experts, dtype=np.int64)
-            counts[experts] = np.diff(offs, prepend=0)
-            group_offs = torch.from_numpy(np.cumsum(counts).astype(np.int32))
-            out = grouped_swiglu(host_x, views[0], views[1], group_offs)
-        else:  # mmap store (separate per-expert views) or no grouped GEMM: the reference loop
-            out = torch.empty_like(host_x)
-            bounds = np.concatenate(([0], offs)).tolist()
-            for e, a, b in zip(experts, bounds[:-1], bounds[1:]):
-                out[a:b] = swiglu_expert(host_x[a:b], *rt.store.weights(self.moe_index, e))
-        elapsed = time.perf_counter() - start
-        rt.timing["cpu"][self.moe_index] += elapsed
-        return out, elapsed
-
-
-@dataclass
-class CpuWork:
-    """A layer's CPU experts under way: the pairs they fill (device index), the pool's job or the inline result."""
-
-    index: torch.Tensor
-    job: Future | None
-    result: tuple[torch.Tensor, float] | None = None
-
-
-class HostBuffers:
-    """One layer's pinned transfer buffers, kept and grown, so a forward allocates none (CUDA)."""
-
-    def __init__(self, backend) -> None:
-        self.backend = backend
-        self.buffers: dict[tuple[str, torch.dtype], torch.Tensor] = {}
-
-    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        numel = int(np.prod(shape))
-        buf = self.buffers.get((name, dtype))
-        if buf is None or buf.numel() < numel:
-            size = max(numel, 2 * buf.numel() if buf is not None else numel)
-            buf = self.buffers[(name, dtype)] = self.backend.pinned((size,), dtype)
-        return buf[:numel].view(shape)
-
-
-def make_cpu_pool() -> ThreadPoolExecutor:
-    """One worker: CPU experts of a layer run in order, beside the device work of that layer."""
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="oled-cpu-experts")
+        """This layer's CPU experts (``cpu_experts.compute``); a method, so a test can make it fail."""
+        return cpu_experts.compute(self.runtime, self.moe_index, experts, pending, offs)

@@ -52,8 +52,9 @@ from .cache import ExpertCache
 from .calibration import calibrate
 from .controller import CacheController
 from .costmodel import CostModel
+from .cpu_experts import make_cpu_pool
 from .dispatch import resolve_cpu_compute
-from .executor import OffloadedExpertsExecutor, make_cpu_pool
+from .executor import OffloadedExpertsExecutor
 from .store import ExpertStore
 
 # host seconds per layer: planning (and prefetch decisions), issuing copies, expert compute on the

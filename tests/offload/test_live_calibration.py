@@ -9,6 +9,7 @@ import torch
 from oled_hf.modeling import OledLLaDA2ForDiffusionLM
 
 from oled_hf import OffloadConfig
+from oled_hf.offload import cpu_experts as cpu_experts_module
 from oled_hf.offload import executor as executor_module
 from oled_hf.offload.costmodel import CostModel
 from oled_hf.offload.executor import OffloadedExpertsExecutor
@@ -114,7 +115,7 @@ def test_live_cpu_scale_moves_from_a_2x_wrong_belief_toward_the_measured_one(tin
     model, wrong, seen = _calibrating(tiny_path, believed=lambda cm: dataclasses.replace(
         cm, cpu_overhead_s=sleep_s / 2, cpu_expert_fixed_s=1e-9, cpu_s_per_token=1e-9))
     rt = model._offload_runtime
-    real, slept = executor_module.grouped_swiglu, []
+    real, slept = cpu_experts_module.grouped_swiglu, []
     pool = rt.cache.pool.untyped_storage().data_ptr()
 
     def slow(x, gate_up, down, offs):  # only the host store's calls (the CPU experts), not the slot pool's
@@ -123,7 +124,7 @@ def test_live_cpu_scale_moves_from_a_2x_wrong_belief_toward_the_measured_one(tin
             time.sleep(sleep_s)
         return real(x, gate_up, down, offs)
 
-    monkeypatch.setattr(executor_module, "grouped_swiglu", slow)
+    monkeypatch.setattr(cpu_experts_module, "grouped_swiglu", slow)
     assert torch.equal(model.generate(PROMPT, **GEN), reference)
     cal = wrong.calibrator
     assert len(slept) == cal.cpu_samples >= cal.settings.min_samples
