@@ -138,7 +138,9 @@ def tensor_chunks(spec: TensorSpec, seed: int, std: float):
 def write_shard(path: Path, specs: list[TensorSpec], seed: int, std: float, advance=lambda nbytes: None) -> None:
     """Write one safetensors shard; ``advance(nbytes)`` after each chunk (the progress line)."""
     with open(path, "wb") as f:
-        f.write(header_bytes(specs))
+        header = header_bytes(specs)
+        f.write(header)
+        advance(len(header))
         for spec in specs:
             for chunk in tensor_chunks(spec, seed, std):
                 data = chunk.view(torch.uint8).numpy()

@@ -6,10 +6,10 @@ and ``--gpu-memory-utilization`` included, are ``options.budget``'s, as every of
 ``--system`` names the offloading system (the grammar of ``offload/system.py``: retention,
 dispatch and allocation parts, or a preset such as ``lru-full``), as every command names it. A
 prefetch part that reads predicted routes (``gate``, ``gate-capped``) or an oracle retention is
-refused here: they run in replay only. The old spellings are deprecated aliases
-(``options.aliases``): ``--offload-system`` (the same value) and ``--policy NAME`` (the system that
-name ran, e.g. ``lru+cpu+adaptive``; ``prefetch`` and ``moe-infinity`` read a trace's future,
-which only ``oled-moe trace replay`` has).
+refused here: they run in replay only (the ``previous`` and ``matrix`` prefetchers run live). The
+old spellings are deprecated aliases (``options.aliases``): ``--offload-system`` (the same value)
+and ``--policy NAME`` (the system that name ran, e.g. ``lru+cpu+adaptive``; ``prefetch``'s gate
+prefetcher reads a trace's predicted routes, which only ``oled-moe trace replay`` has).
 """
 
 from __future__ import annotations
@@ -22,24 +22,26 @@ from typing import Any
 from ..offload.config import KNOWN_POLICIES
 from ..options.aliases import add_alias
 
-REPLAY_ONLY_POLICIES = ("moe-infinity", "prefetch")
-LIVE_POLICIES = tuple(p for p in KNOWN_POLICIES if p not in REPLAY_ONLY_POLICIES)  # old --policy names run live
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 SYSTEM_HELP = ("the offloading system by its parts, e.g. lru+cpu+reuse+adaptive, or a preset such as lru-full or "
                "hybrimoe (with a budget flag; default: OffloadConfig's default system)")
 
 
 def live_policy(value: str) -> tuple[str, str]:
-    """``--policy NAME`` (deprecated): the system that name runs live, and the warning's advice."""
-    if value in REPLAY_ONLY_POLICIES:
-        raise argparse.ArgumentTypeError(
-            f"'{value}' works only in trace replay (oled-moe trace replay), where the routing of later layers is "
-            f"known; live policies: {', '.join(LIVE_POLICIES)}")
-    if value not in LIVE_POLICIES:
-        raise argparse.ArgumentTypeError(f"unknown policy '{value}'; live policies: {', '.join(LIVE_POLICIES)}")
+    """``--policy NAME`` (deprecated): the system that old name runs, checked as ``--system`` is, and the advice.
+
+    ``prefetch`` names a system whose gate prefetcher reads predicted routes only a recorded trace
+    holds: refused here, as ``--system`` refuses it.
+    """
+    if value not in KNOWN_POLICIES:
+        raise argparse.ArgumentTypeError(f"unknown policy '{value}'; the old policy names: {', '.join(KNOWN_POLICIES)}")
     from ..offload.system import spelling, system_of_legacy
 
     system = spelling(system_of_legacy(value))
+    try:
+        live_system(system)
+    except argparse.ArgumentTypeError as err:
+        raise argparse.ArgumentTypeError(f"'{value}' names the system {system!r}: {err}") from None
     return system, f"use --system {system} (the system --policy {value} runs)"
 
 
@@ -66,8 +68,9 @@ def add_system_argument(p: argparse.ArgumentParser, **system: Any) -> None:
     p.add_argument("--system", **{"default": None, "type": live_system, "metavar": "SYSTEM", "help": SYSTEM_HELP,
                                   **system})
     add_alias(p, "--offload-system", "--system", "system", type=live_system, metavar="SYSTEM")
-    add_alias(p, "--policy", "--system", "system", convert=live_policy, metavar="{" + ",".join(LIVE_POLICIES) + "}",
-              help="deprecated: the old retention policy names; use --system (default: --system's)")
+    add_alias(p, "--policy", "--system", "system", convert=live_policy, metavar="POLICY",
+              help="deprecated: an old retention policy name (lfu, lru, oled, static, tide, moe-infinity); use "
+                   "--system (default: --system's)")
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:

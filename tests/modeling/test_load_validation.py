@@ -128,6 +128,20 @@ def test_index_naming_a_file_outside_the_folder_is_refused(copy_checkpoint, tmp_
         _load(path, offloaded)
 
 
+@pytest.mark.parametrize("offloaded", [False, True], ids=["resident", "offloaded"])
+@pytest.mark.parametrize("target", ["config.json", INDEX, "tokenizer.json"])
+def test_index_naming_a_file_that_is_not_a_shard_is_refused(copy_checkpoint, offloaded, target):
+    """Issue 67 item 16: an expert mapped to config.json or to the index itself gave a raw "Weights only load failed"
+    or "header too large", naming no file."""
+    path = copy_checkpoint()
+    tensor = next(name for name in _weight_map(path) if ".experts." in name)
+    _retarget(path, target, tensor)
+    with pytest.raises(CheckpointError, match=rf"^{re.escape(str(path / INDEX))}: not a valid shard index: tensor "
+                                              rf"{re.escape(tensor)} is mapped to {re.escape(repr(target))}, which is "
+                                              r"not a weight shard; a safetensors index names \*\.safetensors files$"):
+        _load(path, offloaded)
+
+
 def test_a_symlinked_shard_still_loads(copy_checkpoint, tmp_path, tiny_model):
     """``oled-moe prepare`` and the Hugging Face cache link shards to files kept elsewhere: allowed."""
     path = copy_checkpoint()

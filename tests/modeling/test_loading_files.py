@@ -101,11 +101,11 @@ def test_cli_prints_the_file_and_exits_2(copy_checkpoint, capsys):
 
     path = copy_checkpoint()
     _garble_header(path)
-    assert main(["benchmark", "--model", str(path), "--cache-size", "4", "--gen-length", "8"]) == 2
+    assert main(["benchmark", "--model", str(path), "--cache-size", "4", "--max-new-tokens", "8"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"oled-moe benchmark: error: {path / SHARD}: not a valid safetensors file") and \
         "Traceback" not in err
     (path / "tokenizer.json").write_text("{")
-    assert main(["benchmark", "--model", str(path), "--cache-size", "4", "--gen-length", "8"]) == 2
+    assert main(["benchmark", "--model", str(path), "--cache-size", "4", "--max-new-tokens", "8"]) == 2
     assert capsys.readouterr().err.startswith(f"oled-moe benchmark: error: {path / 'tokenizer.json'}: not a valid")
 

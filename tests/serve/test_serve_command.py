@@ -38,8 +38,11 @@ def test_serve_refuses_bad_loading_and_batching_options_before_loading(capsys, t
     from oled_hf.cli import chat, serve
 
     cases = [
-        (["--policy", "prefetch", "--cache-size", "4"], "'prefetch' works only in trace replay"),
-        (["--policy", "moe-infinity", "--cache-ratio", "0.5"], "'moe-infinity' works only in trace replay"),
+        (["--policy", "prefetch", "--cache-size", "4"], "argument --policy: 'prefetch' names the system "
+                                                        "'lru+gate+cpu+adaptive': system='lru+gate+cpu+adaptive' is "
+                                                        "invalid for a live run: its prefetch part 'gate' reads"),
+        (["--system", "hybrimoe", "--cache-ratio", "0.5"], "argument --system: system='hybrimoe' is invalid for a live "
+                                                           "run: its prefetch part 'gate-capped'"),
         (["--cache-size", "4", "--cache-ratio", "0.5"],
          "give one of --cache-size, --cache-ratio or --max-gpu-memory, not --cache-size and --cache-ratio"),
         (["--cache-ratio", "1.5"], "--cache-ratio 1.5 is invalid: must be more than 0 and at most 1"),
@@ -74,11 +77,10 @@ def test_serve_refuses_bad_loading_and_batching_options_before_loading(capsys, t
         assert message in capsys.readouterr().err
 
 
-def test_live_commands_offer_only_live_policies(capsys):
+def test_live_commands_name_the_system_with_system(capsys):
+    """Issue 67 item 3: --system names the system in serve and chat too; --policy and --offload-system are deprecated."""
     from oled_hf.cli import chat, serve
-    from oled_hf.serve.options import LIVE_POLICIES
 
-    assert LIVE_POLICIES == ("lfu", "lru", "oled", "static", "tide")
     for command in (serve, chat):
         try:
             command.main(["--help"])
@@ -86,7 +88,7 @@ def test_live_commands_offer_only_live_policies(capsys):
             pass
         text = " ".join(capsys.readouterr().out.split())
         assert "--system SYSTEM" in text and "--offload-system SYSTEM deprecated: use --system" in text
-        assert "--policy {lfu,lru,oled,static,tide} deprecated" in text
+        assert "--policy POLICY deprecated: an old retention policy name" in text
         assert "--cache-ratio RATIO" in text and "--dtype {auto,float32,bfloat16,float16}" in text
         assert "--max-model-len TOKENS" in text and "[MODEL]" in text
 

@@ -55,10 +55,11 @@ def choose_tokens(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Candidate token and its probability per position: (ids [.., B] long, p [.., B] fp32).
 
-    Greedy: the argmax of the fp32 *logits* with the mask token's excluded (the official 2.0 and
-    2.1 decoders and dInfer all take ``argmax(logits)``, so ties, including logits that differ but
-    round to the same probability, resolve as theirs: the lowest id among the largest logits); p
-    is that token's probability under the full softmax (mask token included, as theirs).
+    Greedy: the argmax of the fp32 *logits* with the mask token's excluded, as dInfer's threshold
+    decoder takes it (exact ties: the lowest id). A decoder taking ``argmax(softmax(logits))`` can
+    differ where two logits round to one fp32 probability (it takes the lower id): a deliberate
+    difference, since the logits order the candidates exactly (docs/model.md). p is that token's
+    probability under the full softmax (mask token included, as the official decoders compute it).
     Sampling: temperature, top-k, top-p, multinomial; p the sampled token's filtered probability.
     """
     logits = logits.float()

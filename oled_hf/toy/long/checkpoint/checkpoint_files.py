@@ -150,6 +150,11 @@ def read_index(path: str | os.PathLike) -> dict[str, str]:
             raise CheckpointError(
                 f"{path}: not a valid shard index: tensor {tensor} is mapped to {shard!r}, which is not a file name "
                 "in the checkpoint folder; shards must be named without directories, '..' or absolute paths")
+        if not shard.endswith(".safetensors") or shard == Path(path).name:
+            # config.json, the index itself: Transformers would torch.load them ("Weights only load failed")
+            raise CheckpointError(
+                f"{path}: not a valid shard index: tensor {tensor} is mapped to {shard!r}, which is not a weight "
+                "shard; a safetensors index names *.safetensors files")
     return weight_map
 
 
