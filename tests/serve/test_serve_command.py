@@ -78,7 +78,7 @@ def test_serve_refuses_bad_loading_and_batching_options_before_loading(capsys, t
 
 
 def test_live_commands_name_the_system_with_system(capsys):
-    """Issue 67 item 3: --system names the system in serve and chat too; --policy and --offload-system are deprecated."""
+    """Issue 67 item 3: --system names the system in serve and chat too; --policy, --offload-system deprecated."""
     from oled_hf.cli import chat, serve
 
     for command in (serve, chat):
