@@ -46,9 +46,10 @@ from oled_hf.offload.system import spelling, system_of_legacy
 from oled_hf.offload.trace import OP_BLOCK_END, OP_BLOCK_START, OP_EVENT, OP_FORWARD, Trace, load_trace
 from oled_hf.sim.synthetic import synthetic_trace
 
-POLICIES = ("oled", "lru", "lfu", "static", "tide", "adaptive")
-# not a legacy policy name: the system its rows time (three candidates shadowed per access)
-ADAPTIVE = "adaptive+cpu+reuse+adaptive"
+POLICIES = ("oled", "lru", "lfu", "static", "tide", "adaptive", "learned")
+# not legacy policy names: the systems their rows time (adaptive: candidates shadowed per access;
+# learned: its predictor's update, training and ranking, OLED's update included)
+COMPOSED = {"adaptive": "adaptive+cpu+reuse+adaptive", "learned": "learned+cpu+reuse+adaptive"}
 KINDS = ("plan", "shadow", "on_iteration", "on_block_start", "on_block_end")
 BUDGET_US = 65.0  # small preset: 2 % of a ~23 ms resident forward, over its 7 MoE layers
 MINI_BUDGET_US = 50.0  # mini at 40 %: under 1 ms per 19-layer forward (a fused-resident H200 forward ~3.2 ms)
@@ -88,7 +89,7 @@ def run_once(work: Workload, policy: str, cpu_compute: str, digest: bool = False
     hdr = tr.header
     cm = CostModel.h200_pcie5(hdr.get("hidden_size", 512), hdr.get("moe_intermediate_size", 128),
                               hdr.get("dtype_bytes", 2))
-    system = ADAPTIVE if policy == "adaptive" else spelling(system_of_legacy(policy))
+    system = COMPOSED.get(policy) or spelling(system_of_legacy(policy))
     ctrl = CacheController(OffloadConfig(cache_size=work.cache_size, system=system,
                                          cpu_compute=cpu_compute),
                            tr.num_layers, tr.num_experts, cm)

@@ -13,13 +13,14 @@ The algorithm, per MoE layer (time ``t`` counts that layer's accesses, one per f
 
 * Features of expert ``e`` after access ``t`` (observed up to ``t`` only), each indexing one weight:
   its age (accesses since its last use, bucketed: ``AGES``); its identity x age (a per-expert
-  recency curve: popularity); its uses in the last 8 accesses; its rank in OLED's confidence score
-  (``policies/oled.py``: route stability x gate weight, decayed; rank buckets ``RANKS``, scale-free)
-  alone and x age; the block phase the decoder's last event reports x age (no block / first
+  recency curve: popularity); its uses in the last 8 accesses; OLED's confidence score
+  (``policies/oled.py``: route stability x gate weight, decayed) as halvings below the layer's top
+  score (scale-free, no sort), alone and x age; the block phase the decoder's last event reports x age (no block / first
   iteration / masked share > 1/2, > 1/4, > 0 / refresh); a bias. ``z_e`` = the sum of its weights, a
   logit.
 * Label: 1 if ``e`` is used in any of the next ``horizon`` accesses of the layer. The features of
-  the last ``horizon`` accesses wait in a ring; when an access leaves it, its labels are known and one
+  the last ``horizon`` accesses wait in a ring; when an access leaves it, its labels are known (used
+  since it was made: the expert's last use is later) and one
   AdaGrad step of the logistic loss (``rate`` over the root of each weight's summed squared
   gradients) trains every weight it read. Weights start at zero (every expert equal; OLED's score,
   then recency break ties) and follow what the workload shows: nothing is tuned per workload, and the
@@ -49,8 +50,7 @@ PHASES = 6  # no block, first iteration, masked share > 1/2, > 1/4, > 0, none ma
 AGES = np.array([0, 1, 2, 3, 4, 6, 9, 17, 33], dtype=np.int64)  # age bucket edges; one more: never used
 N_AGE = AGES.shape[0] + 1
 N_SHORT = 9  # uses in the last 8 accesses: 0..8
-RANKS = np.array([0, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192], dtype=np.int64)  # OLED-rank edges (x E / 256)
-N_RANK = RANKS.shape[0] + 1  # ... and one bucket for a zero score
+N_RANK = 12  # OLED's score: zero, then 1 + halvings below the layer's top score, capped at 10
 N_FEAT = 7  # weights read per expert: age, id x age, short, rank x age, phase x age, rank, bias
 
 
@@ -65,10 +65,9 @@ def _features(t, phase, last, bits, score, offs, out):
     """The weight indices each expert reads after access ``t`` (``out[e, :N_FEAT]``)."""
     n_age = AGES.shape[0] + 1
     E = last.shape[0]
-    order = np.argsort(-score, kind="mergesort")
-    rank = np.empty(E, dtype=np.int64)
-    for i in range(E):
-        rank[order[i]] = i
+    top = 0.0
+    for e in range(E):
+        top = score[e] if score[e] > top else top
     for e in range(E):
         if last[e] < 0:
             a = n_age - 1
@@ -84,10 +83,11 @@ def _features(t, phase, last, bits, score, offs, out):
             short += 1
         if score[e] <= 0.0:
             sc = 0
-        else:
-            r = rank[e] * 256 // E
+        else:  # halvings below the layer's top score: 1 + floor(log2(top / s)), capped
             sc = 1
-            while sc < RANKS.shape[0] and RANKS[sc] <= r:
+            x = score[e] * 2.0
+            while sc < N_RANK - 1 and x <= top:
+                x *= 2.0
                 sc += 1
         out[e, 0] = offs[0] + a
         out[e, 1] = offs[1] + e * n_age + a
@@ -99,34 +99,29 @@ def _features(t, phase, last, bits, score, offs, out):
 
 
 @jit
-def _access(counts, t, phase, last, bits, score, offs, w, g2, ring, ring_used, ring_n, horizon, rate):
-    """One access of a layer: mark the pending labels, train on the access that leaves the ring, update
-    the use history and store this access's features in the ring."""
+def _access(counts, t, phase, last, bits, score, offs, w, g2, ring, ring_n, horizon, rate):
+    """One access of a layer: update the use history, train on the access that leaves the ring (its
+    label: used again since, which ``last`` now tells), and store this access's features in the ring."""
     E = counts.shape[0]
-    for j in range(ring_n):  # accesses still waiting for their label: a use now counts for them
-        for e in range(E):
-            if counts[e] > 0:
-                ring_used[j, e] = True
-    slot = t % horizon
-    if ring_n == horizon:  # the oldest entry's labels are complete: one AdaGrad logistic step per weight read
-        for e in range(E):
-            z = 0.0
-            for f in range(N_FEAT):
-                z += w[ring[slot, e, f]]
-            p = 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
-            g = (1.0 if ring_used[slot, e] else 0.0) - p
-            for f in range(N_FEAT):
-                i = ring[slot, e, f]
-                g2[i] += g * g
-                w[i] += rate * g / math.sqrt(g2[i] + 1.0)
     for e in range(E):
         used = counts[e] > 0
         bits[e] = (bits[e] << np.uint64(1)) | np.uint64(1 if used else 0)
         if used:
             last[e] = t
+    slot = t % horizon
+    if ring_n == horizon:  # the entry made at t - horizon: one AdaGrad logistic step per weight it read
+        t0 = t - horizon
+        for e in range(E):
+            z = 0.0
+            for f in range(N_FEAT):
+                z += w[ring[slot, e, f]]
+            p = 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
+            g = (1.0 if last[e] > t0 else 0.0) - p
+            for f in range(N_FEAT):
+                i = ring[slot, e, f]
+                g2[i] += g * g
+                w[i] += rate * g / math.sqrt(g2[i] + 1.0)
     _features(t, phase, last, bits, score, offs, ring[slot])
-    for e in range(E):
-        ring_used[slot, e] = False
 
 
 @jit
@@ -173,7 +168,6 @@ class LearnedPolicy(CachePolicy):
         self._last = np.full((L, E), -1, dtype=np.int64)
         self._bits = np.zeros((L, E), dtype=np.uint64)  # use history, newest access in bit 0
         self._ring = np.zeros((L, H, E, N_FEAT), dtype=np.int64)
-        self._ring_used = np.zeros((L, H, E), dtype=bool)
         self._prio = np.zeros((L, E))
         self._reuse = np.zeros((L, E))
         self._fresh = np.zeros(L, dtype=bool)  # priority and reuse computed since the layer's last access
@@ -200,7 +194,7 @@ class LearnedPolicy(CachePolicy):
         t, n = int(self._t[layer]), int(self._n[layer])
         _access(np.ascontiguousarray(counts, dtype=np.int64), t, self._phase, self._last[layer], self._bits[layer],
                 self._oled.priority_array(layer), self._offs, self._w[layer], self._g2[layer], self._ring[layer],
-                self._ring_used[layer], n, self.horizon, self.rate)
+                n, self.horizon, self.rate)
         self._n[layer] = min(n + 1, self.horizon)
         self._t[layer] = t + 1
         self._fresh[layer] = False
