@@ -139,6 +139,8 @@ class _Link:
         # charges per wait (``oled_hf.sim.timeline.HostTimeline``)
         self.blocking_waits = 0
         self.late_s = 0.0
+        # every copy: how late its bytes landed after its time on the link (the worker's own lag)
+        self.landed_late_s = 0.0
 
     def copy_seconds(self, nbytes: int) -> float:
         return self.latency + nbytes / self.bandwidth
@@ -239,6 +241,7 @@ class _Link:
             job.state, job.error = "failed", repr(err)
             self.failures.append(repr(err))
         self.copies += 1
+        self.landed_late_s += max(time.perf_counter() - job.lands, 0.0)
         job.fill = None
         job.done.set()
 
