@@ -217,18 +217,16 @@ def _host_access(tl: HostTimeline, cm: CostModel, plan: Any, ready: np.ndarray, 
                  prefetch: Any) -> tuple[float, float]:
     """One planned layer access in the live executor's order on one host thread; (exposed wait, compute).
 
-    After the plan: the CPU experts inline (the emulated device computes them on the host, before
-    any copy), the first copy wave issued unless it refills the hits' slots, the prefetch decision
-    and its copies, then each wave (``plan_waves``: hits, then copies) computed as one grouped call
-    once its copies have landed, a later copy wave issued just before it, then the reuse copies.
+    After the plan: the first copy wave issued unless it refills the hits' slots, the prefetch
+    decision and its copies, the CPU experts inline (the emulated device computes them on the host,
+    after the copies it can issue), then each wave (``plan_waves``: hits, then copies) computed as one
+    grouped call once its copies have landed, a later copy wave issued just before it, then the
+    reuse copies.
     """
     from oled_hf.offload.executor import plan_waves  # the executor's own waves (it imports torch)
 
     counts = plan.counts
     compute = 0.0
-    if plan.cpu:
-        compute += cm.cpu_batch_time(counts[plan.cpu])
-        tl.host(tl.host_free, compute)
     waves = plan_waves(plan)
     first = next((w for w in waves if w.copies), None)
     issued = None
@@ -238,6 +236,9 @@ def _host_access(tl: HostTimeline, cm: CostModel, plan: Any, ready: np.ndarray, 
         issued = first
     if prefetch is not None:
         prefetch()
+    if plan.cpu:
+        compute += cm.cpu_batch_time(counts[plan.cpu])
+        tl.host(tl.host_free, compute)
     exposed = 0.0
     for wave in waves:
         if wave.copies and wave is not issued:
