@@ -162,6 +162,34 @@ def study(name: str, run: Trace, segs: list[Segment], labels: list[str], args) -
             + md_table(["cache", "system"] + cols, rows) + "\n")
 
 
+def recorded_run(paths: list[str], take: int, warmup: int) -> tuple[Trace, list[Segment]] | None:
+    """The traces joined in order (the first ``take`` sequences of each), or None without any; a missing, empty or
+    unreadable trace, traces of different shapes, or one with no sequence past the warm-up: one ValueError."""
+    if not paths:
+        return None
+    parts = []
+    for path in paths:
+        if not Path(path).is_file():
+            raise ValueError(f"--traces {path}: no such file")
+        if Path(path).stat().st_size == 0:
+            raise ValueError(f"--traces {path}: the file is empty (not a trace; record one with oled-moe trace record)")
+        trace = load_trace(path)
+        sequences = len(set(trace.arrays["fwd_seq"].tolist()))
+        if trace.num_forwards == 0 or sequences == 0:
+            raise ValueError(f"--traces {path}: the trace holds no forward (record one with oled-moe trace record)")
+        if take:
+            trace, sequences = take_sequences(trace, min(take, sequences)), min(take, sequences)
+        if sequences <= warmup:
+            raise ValueError(f"--traces {path}: {sequences} sequence(s), none left after --warmup {warmup}; "
+                             "record more or lower --warmup")
+        parts.append(trace)
+    try:
+        return concat_traces(parts)
+    except ValueError as e:  # "trace 1 has num_moe_layers=3, trace 0 ...": which files those are
+        numbered = ", ".join(f"{i}: {p}" for i, p in enumerate(paths))
+        raise ValueError(f"--traces ({numbered}): {e}") from None
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", help="write the Markdown tables here (refused if it exists, unless --overwrite)")
@@ -191,17 +219,18 @@ def main() -> None:
         p.error(f"--sequences={args.sequences}, --warmup={args.warmup}: need sequences >= 1, 0 <= warmup < sequences")
     if not all(0 < x <= 100 for x in args.pct) or args.planner_us < 0:
         p.error("--pct values must be in (0, 100] and planner times >= 0")
+    try:  # before the synthetic study's minutes: a bad trace is one line now, not a traceback after them
+        recorded = recorded_run(args.traces, args.take, args.warmup)
+    except (OSError, ValueError) as e:
+        p.error(" ".join(str(e).split()))
     t0 = time.perf_counter()
     tables = []
     run, segs = synthetic_run(args.segments, args.sequences, args.seed)
     print(f"synthetic run: {run.num_forwards} forwards, {len(segs)} segments", flush=True)
     tables.append(study("Synthetic segments", run, segs, args.segments, args))
     runs = [("synthetic", run, segs, args.segments)]
-    if args.traces:
-        parts = [load_trace(t) for t in args.traces]
-        if args.take:
-            parts = [take_sequences(t, min(args.take, len(set(t.arrays["fwd_seq"].tolist())))) for t in parts]
-        run, segs = concat_traces(parts)
+    if recorded is not None:
+        run, segs = recorded
         labels = [Path(t).stem for t in args.traces]
         tables.append(study("Recorded traces", run, segs, labels, args))
         runs.append(("recorded: " + " -> ".join(labels), run, segs, labels))

@@ -61,11 +61,19 @@ KNOBS = ("candidates", "cost", "half_life", "margin", "scope", "sample", "switch
 
 
 def _candidates(value: Any) -> tuple[str, ...]:
-    names = tuple(value.split(",")) if isinstance(value, str) else tuple(value)
-    names = tuple(str(n).strip() for n in names)
+    """The candidate names: a comma-separated string or a list of names; anything else (None, 5) is the one
+    ValueError too, never a TypeError from iterating it."""
+    allowed = f"distinct names from {', '.join(CANDIDATES)}, as 'oled,lru' or a list of them"
+    if isinstance(value, str):
+        names = tuple(value.split(","))
+    elif isinstance(value, (list, tuple)) and all(isinstance(n, str) for n in value):
+        names = tuple(value)
+    else:
+        raise ValueError(f"adaptive candidates={value!r} is invalid: {allowed}")
+    names = tuple(n.strip() for n in names)
     bad = [n for n in names if n not in CANDIDATES]
     if not names or bad or len(set(names)) != len(names):
-        raise ValueError(f"adaptive candidates={value!r} is invalid: distinct names from {', '.join(CANDIDATES)}")
+        raise ValueError(f"adaptive candidates={value!r} is invalid: {allowed}")
     return names
 
 
