@@ -85,10 +85,8 @@ class StreamOrder:
         if idx.size == 0:
             return
         ws = self.write_stream[idx]
-        written = ws >= 0
-        late = written & (row[np.maximum(ws, 0)] < self.write_tick[idx])
-        if late.any():
-            slot = int(idx[np.argmax(late)])
+        slot = self._unwaited_copy(idx, row)
+        if slot is not None:
             raise OrderViolation(f"{what} into slot {slot} on the {stream} stream is not ordered after the "
                                  f"previous copy into it (on the {self._name(int(self.write_stream[slot]))} stream)")
         unread = self.read_tick[:, idx] > row[:, None]
@@ -114,14 +112,17 @@ class StreamOrder:
         s, row = self._issue(stream)
         if idx.size == 0:
             return
-        ws = self.write_stream[idx]
-        written = ws >= 0
-        early = written & (row[np.maximum(ws, 0)] < self.write_tick[idx])
-        if early.any():
-            slot = int(idx[np.argmax(early)])
+        slot = self._unwaited_copy(idx, row)
+        if slot is not None:
             raise OrderViolation(f"{what} on the {stream} stream reads slot {slot} before the copy into it (on the "
                                  f"{self._name(int(self.write_stream[slot]))} stream) was waited for")
         self.read_tick[s, idx] = row[s]
+
+    def _unwaited_copy(self, idx: np.ndarray, row: np.ndarray) -> int | None:
+        """The first of ``idx`` whose last copy the clock ``row`` has not caught up with (None: all ordered)."""
+        ws = self.write_stream[idx]
+        late = (ws >= 0) & (row[np.maximum(ws, 0)] < self.write_tick[idx])
+        return int(idx[np.argmax(late)]) if late.any() else None
 
     def _name(self, index: int) -> str:
         return next(name for name, i in self.index.items() if i == index)

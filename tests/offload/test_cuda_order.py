@@ -15,17 +15,7 @@ from oled_hf.offload.cache import ExpertCache
 from oled_hf.offload.cuda_device import CudaDevice
 from oled_hf.offload.ordering import OrderViolation
 from tests.offload.cuda_fake import FakeCuda, fake_cuda_model
-
-
-class _Store:
-    """Eight distinct experts of one layer: row ``e`` is all ``e + 1`` (pinned layout)."""
-
-    hidden, inter, dtype, num_experts, mode = 4, 2, torch.float32, 8, "pinned"
-    numel = 3 * 4 * 2
-    expert_bytes = numel * 4
-
-    def flat(self, layer, expert):
-        return torch.full((self.numel,), float(expert + 1))
+from tests.offload.stub_store import StubStore
 
 
 class DroppingCuda(CudaDevice):
@@ -50,7 +40,7 @@ class DroppingCuda(CudaDevice):
 def _cache(monkeypatch, drop=None, slots=6):
     cuda = FakeCuda()
     backend = DroppingCuda(cuda, drop)
-    cache = ExpertCache(_Store(), slots, torch.device("cpu"), backend)
+    cache = ExpertCache(StubStore(8), slots, torch.device("cpu"), backend)
     cuda.watch(cache, monkeypatch)  # every copy into the pool is checked
     return cache, cuda, backend
 

@@ -18,21 +18,11 @@ from oled_hf import OffloadConfig
 from oled_hf.offload.cache import ExpertCache
 from oled_hf.offload.device import DEMAND, PREFETCH, EmulatedDevice, default_bandwidth
 from oled_hf.offload.store import ExpertStore
-
-
-class _Store:
-    """Three distinct experts of one layer: row ``e`` is all ``e + 1``."""
-
-    hidden, inter, dtype, num_experts = 4, 2, torch.float32, 3
-    numel = 3 * 4 * 2
-    expert_bytes = numel * 4
-
-    def flat(self, layer, expert):
-        return torch.full((self.numel,), float(expert + 1))
+from tests.offload.stub_store import StubStore
 
 
 def _cache(seconds_per_copy=0.02):
-    store = _Store()
+    store = StubStore(3)
     device = EmulatedDevice(bandwidth=store.expert_bytes / seconds_per_copy, latency=0.0)
     return ExpertCache(store, 4, torch.device("cpu"), device), device
 

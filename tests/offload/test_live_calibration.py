@@ -16,6 +16,7 @@ from oled_hf.offload.executor import OffloadedExpertsExecutor
 from oled_hf.offload.live_timing import MAX_PENDING, CopyInterval, CopyTimer, copies_may_wait
 from oled_hf.offload.online_calibration import CalibrationSettings, OnlineCalibrator
 from oled_hf.offload.system import build_dispatcher, parse_system
+from tests.offload.stub_store import StubStore
 
 CM = CostModel.h200_pcie5(2048, 512)
 OLED = parse_system("oled")
@@ -213,24 +214,13 @@ def test_copy_timer_ignores_empty_intervals_and_bounds_what_it_keeps():
     assert len(timer.pending) == MAX_PENDING and timer.pending[0].start.t == 5.0  # the oldest dropped
 
 
-class _Store:
-    """Eight distinct experts of one layer (row ``e`` is all ``e + 1``), pinned layout."""
-
-    hidden, inter, dtype, num_experts, mode = 4, 2, torch.float32, 8, "pinned"
-    numel = 3 * 4 * 2
-    expert_bytes = numel * 4
-
-    def flat(self, layer, expert):
-        return torch.full((self.numel,), float(expert + 1))
-
-
 def _fake_cuda_cache(slots=32):
     from oled_hf.offload.cache import ExpertCache
     from oled_hf.offload.cuda_device import CudaDevice
     from tests.offload.cuda_fake import FakeCuda
 
     cuda = FakeCuda()
-    return ExpertCache(_Store(), slots, torch.device("cpu"), CudaDevice(torch.device("cpu"), api=cuda)), cuda
+    return ExpertCache(StubStore(8), slots, torch.device("cpu"), CudaDevice(torch.device("cpu"), api=cuda)), cuda
 
 
 def test_copies_may_wait_only_on_unfinished_compute():
