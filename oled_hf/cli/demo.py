@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
 from ..options.budget import add_budget_arguments, budget_choices, budget_name, check_budget_device
 from ..options.model import MODEL_HELP, add_device_argument
+from ..progress import add_quiet_argument, progress
 from .common import (
     add_command,
     cpu_compute_note,
@@ -33,6 +35,7 @@ from .demo_report import (
     left_out_line,
     live_table,
     memory_table,
+    noise_line,
     projection,
     report_source,
     routed_expert_bytes,
@@ -42,6 +45,7 @@ from .demo_report import (
 DEFAULT_PROMPTS = ["What is 123+456?", "Tell me about the sea."]
 DEFAULT_CACHE_RATIO = 0.4  # the budget without a budget flag: 40% of routed-expert bytes on the device
 WARMUP_RUNS = 1  # untimed round-robin passes before the timed ones (their one-off costs would be outliers)
+PROMPTS_PER_TASK = 2  # held-out questions per solved task (1 with --quick)
 CPU_TIMES_NOTE = ("  on a CPU the offloaded runs are not expected to be faster: host and device are the same "
                   "memory,\n  so a copy saves nothing; the point is the device memory above")
 
@@ -58,7 +62,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", action="append",
                    help="prompt (repeatable; default: held-out questions of the tasks the toy solves, "
                         "sample prompts for other models)")
-    p.add_argument("--prompts-per-task", type=int, default=2,
+    p.add_argument("--prompts-per-task", type=int, default=PROMPTS_PER_TASK,
                    help="held-out questions per solved task when no --prompt is given")
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help="most new tokens per answer (default: the checkpoint's generation_config)")
@@ -67,7 +71,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threshold", type=float, default=None,
                    help="confidence threshold to commit a token (default: the checkpoint's generation_config)")
     add_budget_arguments(p, default=f"--cache-ratio {DEFAULT_CACHE_RATIO}")  # the budget oled and lru-full share
-    p.add_argument("--runs", type=int, default=3, help="timed passes over the prompts, systems taking turns")
+    p.add_argument("--runs", type=int, default=None,
+                   help="timed passes over the prompts, systems taking turns (default: 3; 1 with --quick)")
+    p.add_argument("--quick", action="store_true",
+                   help="one held-out question per solved task, one timed run and no untimed warm-up run: a few "
+                        "seconds, with noisier times")
+    add_quiet_argument(p)
     p.set_defaults(func=demo)
 
 
@@ -149,6 +158,15 @@ def default_prompts(path: Path, args: argparse.Namespace) -> tuple[list[str], st
     return prompts, left_out_line(unsolved, entry, report_source(report_path)) if unsolved else None
 
 
+def _settle_quick(args: argparse.Namespace) -> int:
+    """Apply ``--quick`` to the counts not given; the untimed warm-up runs to do."""
+    if args.runs is None:
+        args.runs = 1 if args.quick else 3
+    if args.quick and args.prompts_per_task == PROMPTS_PER_TASK:
+        args.prompts_per_task = 1
+    return 0 if args.quick else WARMUP_RUNS
+
+
 def _check_args(args: argparse.Namespace) -> None:
     for flag, value in (("--runs", args.runs), ("--prompts-per-task", args.prompts_per_task),
                         ("--max-new-tokens", args.max_new_tokens)):
@@ -157,7 +175,8 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def timed_runs(systems: list[Live], encoded: list, reference: list, gen: dict, runs: int, *,
-               warmup_runs: int = WARMUP_RUNS, sync=lambda: None, clock=time.perf_counter) -> None:
+               warmup_runs: int = WARMUP_RUNS, sync=lambda: None, clock=time.perf_counter,
+               tick=lambda: None) -> None:
     """Time ``runs`` passes over the prompts into each system's ``seconds``/``tokens``, after ``warmup_runs``.
 
     Round-robin: per prompt every system in turn, the order rotating with the run and the prompt.
@@ -180,10 +199,19 @@ def timed_runs(systems: list[Live], encoded: list, reference: list, gen: dict, r
                 seconds[s.name] += clock() - start
                 tokens[s.name] += out.sequences.shape[1] - inputs["input_ids"].shape[1]
                 s.identical &= torch.equal(out.sequences, reference[i])
+                tick()  # the progress line: minutes pass here on a busy machine
         if r >= warmup_runs:
             for s in systems:
                 s.seconds.append(seconds[s.name])
                 s.tokens.append(tokens[s.name])
+
+
+def load_average() -> float | None:
+    """The 1-minute load average (None where the OS has none)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
 
 
 def demo(args: argparse.Namespace) -> int:
@@ -195,6 +223,7 @@ def demo(args: argparse.Namespace) -> int:
     from ..checkpoints.tokenizer import load_tokenizer
     from ..offload.recorder import TraceRecorder
 
+    warmup_runs = _settle_quick(args)
     _check_args(args)
     # never created here: a folder the user named is only read
     path = resolve_model(args.model if args.model is not None else default_demo_model())
@@ -253,9 +282,15 @@ def demo(args: argparse.Namespace) -> int:
     for s in systems[1:]:
         s.stats = s.model.offload_stats()
     sync = torch.cuda.synchronize if resident.device.type == "cuda" else (lambda: None)
-    timed_runs(systems, encoded, reference, gen, args.runs, sync=sync)
+    calls = (warmup_runs + args.runs) * len(encoded) * len(systems)
+    load_before = load_average()
+    with progress(total=calls, desc="timing the systems", unit="generate", quiet=args.quiet) as bar:
+        timed_runs(systems, encoded, reference, gen, args.runs, warmup_runs=warmup_runs, sync=sync,
+                   tick=lambda: bar.update(1))
+    load = None if load_before is None else (load_before, load_average())
     print()
-    print(live_table(systems, len(prompts), WARMUP_RUNS))
+    print(live_table(systems, len(prompts), warmup_runs))
+    print(noise_line(systems, load, os.cpu_count() or 1))
     print(f"  {cpu_compute_note(stats)}")
     if device == "cpu":
         print(CPU_TIMES_NOTE)

@@ -170,6 +170,26 @@ def live_table(systems: list[Live], n_prompts: int, warmup_runs: int = 1) -> str
                           "range of the per-run ms per token")
 
 
+def noise_line(systems: list[Live], load: tuple[float, float] | None, cores: int) -> str:
+    """How far the live times can be trusted: the systems' own run-to-run spread, and the machine's load.
+
+    Why: on a shared 2-core machine a busy neighbour made oled look 2x slower than lru-full in one
+    run and faster in the next; the table alone did not say that its differences were noise.
+    """
+    spreads = [max(ms) / min(ms) - 1 for ms in (s.ms_per_token() for s in systems) if len(ms) > 1 and min(ms) > 0]
+    if spreads:
+        worst = max(spreads)
+        text = (f"  noise: run to run, a system's ms per token varied by up to {worst:.0%} here; differences between "
+                "systems smaller than that are noise")
+    else:
+        text = "  noise: one timed run, so no spread was measured (without --quick the demo times 3 and shows it)"
+    if load is not None:
+        busy = max(load) > 0.5 * cores
+        text += (f"\n  load average {load[0]:.1f} when the timing started, {load[1]:.1f} when it ended, on {cores} "
+                 f"cores{': a busy machine, so these times say little' if busy else ''}")
+    return text
+
+
 def projection(trace, total_slots: int, systems: tuple[str, ...] = SYSTEMS) -> str:
     """This run's routing replayed as LLaDA2.0-mini on H200 + PCIe 5: TPOT and x fused residency.
 

@@ -221,3 +221,46 @@ def test_timing_leaves_the_warm_up_run_out():
     wrong = [Live("resident", FakeModel(now, [0.01], answer)), Live("oled", FakeModel(now, [0.01], answer + 1))]
     timed_runs(wrong, [prompt], [answer], {}, runs=1, clock=lambda: now[0])
     assert [s.identical for s in wrong] == [True, False]  # warm-up and timed passes are both checked
+
+
+def test_the_timed_runs_report_progress_and_the_noise(tiny_path, capsys, monkeypatch):
+    """Issue 67 item 7: the timed runs were minutes of silence, and a table that showed oled 2x slower on a loaded
+    machine said nothing of noise. Progress lines now count the generate calls (asked for at every step here, as a
+    log gets them every 10 s), and the table is followed by the measured run-to-run spread and the load."""
+    from functools import partial
+
+    from oled_hf import progress as progress_module
+    from oled_hf.cli import demo
+    from oled_hf.cli.main import main
+
+    monkeypatch.setattr(demo, "progress", partial(progress_module.progress, interval=0))
+    monkeypatch.setattr(demo.os, "getloadavg", lambda: (3.0, 2.0, 1.0))
+    code = main(["demo", "--model", str(tiny_path), *FAST[:-2], "--runs", "2"])
+    out, err = capsys.readouterr()
+    assert code == 0, out
+    lines = [line for line in err.splitlines() if line.startswith("timing the systems: ")]
+    assert lines[-1].startswith("timing the systems: done, 9/9 generate in ")  # (1 warm-up + 2 runs) x 3 systems
+    assert any("about" in line and "left" in line for line in lines[:-1])
+    noise = re.search(r"^  noise: run to run, a system's ms per token varied by up to (\d+)% here; differences between "
+                      r"systems smaller than that are noise$", out, re.M)
+    assert noise is not None, out
+    assert ("  load average 3.0 when the timing started, 3.0 when it ended, on "
+            f"{demo.os.cpu_count()} cores") in out
+
+
+def test_quick_asks_one_question_per_task_times_once_and_says_so(monkeypatch, capsys):
+    from oled_hf.cli import demo
+    from oled_hf.cli.demo_report import noise_line
+
+    args = argparse.Namespace(quick=True, runs=None, prompts_per_task=2)
+    assert demo._settle_quick(args) == 0 and (args.runs, args.prompts_per_task) == (1, 1)
+    args = argparse.Namespace(quick=False, runs=None, prompts_per_task=2)
+    assert demo._settle_quick(args) == 1 and (args.runs, args.prompts_per_task) == (3, 2)
+    args = argparse.Namespace(quick=True, runs=2, prompts_per_task=3)  # given counts win
+    assert demo._settle_quick(args) == 0 and (args.runs, args.prompts_per_task) == (2, 3)
+    one = [Live("oled", None, seconds=[1.0], tokens=[10])]
+    assert noise_line(one, None, 2) == ("  noise: one timed run, so no spread was measured (without --quick the demo "
+                                        "times 3 and shows it)")
+    two = [Live("oled", None, seconds=[1.0, 1.5], tokens=[10, 10])]
+    assert noise_line(two, (0.2, 0.3), 2).startswith("  noise: run to run, a system's ms per token varied by up to 50%")
+    assert noise_line(two, (0.2, 3.0), 2).endswith("on 2 cores: a busy machine, so these times say little")
