@@ -77,16 +77,18 @@ class CopyFailed(RuntimeError):
 
 
 class _Job:
-    __slots__ = ("link", "fill", "nbytes", "after", "slot", "done", "state", "error", "key", "issued", "lands")
+    __slots__ = ("link", "fill", "nbytes", "after", "slot", "wave", "done", "state", "error", "key", "issued",
+                 "start", "lands")
 
-    def __init__(self, link: _Link, fill: Fill, nbytes: int, after: list[EmulatedEvent], slot: int) -> None:
-        self.link, self.fill, self.nbytes, self.after, self.slot = link, fill, nbytes, after, slot
+    def __init__(self, link: _Link, fill: Fill, nbytes: int, after: list[EmulatedEvent], slot: int,
+                 wave: int) -> None:
+        self.link, self.fill, self.nbytes, self.after, self.slot, self.wave = link, fill, nbytes, after, slot, wave
         self.done = threading.Event()
         self.state = "queued"  # -> "running" -> "done" | "cancelled" | "failed"
         self.error = ""
         self.key: tuple[int, int] = (0, 0)
         self.issued = time.perf_counter()  # when the host issued it: the link cannot start it earlier
-        self.lands = self.issued  # when the link finishes it (set when it starts)
+        self.start = self.lands = self.issued  # when the link starts and finishes it (set when it is scheduled)
 
 
 class EmulatedEvent:
@@ -183,27 +185,53 @@ class _Link:
             self.closed = True
             self.cv.notify()
 
-    def _next(self) -> _Job | None:
+    def _pop(self) -> _Job | None:
+        """The next queued job in priority order (under ``cv``), taken off the queue; None if none."""
+        while self.queue:
+            prio, seq, job = heapq.heappop(self.queue)
+            if job.state == "queued" and job.key == (prio, seq):
+                job.state = "running"
+                return job
+        return None
+
+    def _next_batch(self) -> list[_Job] | None:
+        """The next job and the rest of its wave queued right behind it (one wake-up a wave, not one a copy)."""
         with self.cv:
-            while True:
-                while self.queue:
-                    prio, seq, job = heapq.heappop(self.queue)
-                    if job.state == "queued" and job.key == (prio, seq):
-                        job.state = "running"
-                        return job
+            while (first := self._pop()) is None:
                 if self.closed:
                     return None
                 self.cv.wait()
+            batch = [first]
+            while self.queue:
+                prio, seq, job = self.queue[0]
+                if job.state != "queued" or job.key != (prio, seq):
+                    heapq.heappop(self.queue)  # a cancelled job or the old entry of a promoted one
+                    continue
+                if job.wave != first.wave or prio != first.key[0]:
+                    break
+                heapq.heappop(self.queue)
+                job.state = "running"
+                batch.append(job)
+            return batch
+
+    def _demand_queued(self) -> bool:
+        """Whether a demand copy waits in the queue (under ``cv``): a prefetch batch yields to it."""
+        while self.queue:
+            prio, seq, job = self.queue[0]
+            if job.state == "queued" and job.key == (prio, seq):
+                return prio == DEMAND
+            heapq.heappop(self.queue)
+        return False
 
     def run(self) -> None:
         """The worker thread: copies in priority order; anything unexpected fails every waiter, loudly."""
-        job = None
+        batch = None
         try:
-            while (job := self._next()) is not None:
-                self._copy(job)
-                job = None
+            while (batch := self._next_batch()) is not None:
+                self._run_batch(batch)
+                batch = None
         except BaseException as err:  # noqa: BLE001 - a dead worker must not leave callers hanging
-            self._die(err, job)
+            self._die(err, batch or [])
 
     def _take(self, job: _Job) -> bool:
         """Start ``job`` out of its turn (a copy the running one must follow); False if it already started."""
@@ -213,42 +241,69 @@ class _Link:
             job.state = "running"
             return True
 
-    def _copy(self, job: _Job) -> None:
-        for event in job.after:  # the earlier copies into its slots first, even if they were queued behind it
-            for earlier in event.jobs:
-                if self._take(earlier):
-                    self._copy(earlier)
-        start = max(self.link_free, job.issued)
-        for event in job.after:  # a copy into a slot lands after the earlier copy into it
-            for earlier in event.jobs:
-                earlier.done.wait()
-                start = max(start, earlier.lands)
-        cost = self.copy_seconds(job.nbytes)
-        # The link's own schedule: a copy starts when the link is free, it was issued and the copy
-        # it follows has landed, not when this thread woke up. A sleep overshoots by tens of us
-        # (the timer's slack); charged to the next copy's start it would accumulate over back to
-        # back copies and slow the link below its bandwidth. Overshoot delays only when the host
-        # sees a copy land, never the link's pace.
-        self.link_free = job.lands = start + cost
-        self.busy_s += cost
-        wait = self.link_free - time.perf_counter()
-        if wait > 0:
-            time.sleep(wait)
+    def _run_batch(self, batch: list[_Job]) -> None:
+        """Copy a batch on the link's schedule and land its bytes when its last copy ends.
+
+        The link's own schedule: a copy starts when the link is free, it was issued and the copy it
+        follows has landed, not when this thread woke up (a sleep overshoots by tens of us; charged to
+        the next copy's start it would accumulate and slow the link below its bandwidth). The thread
+        wakes once, at the batch's end, and lands every copy of it: the host waits for whole waves
+        (one event each), so landing them one by one would only cost the host the worker's GIL time,
+        a copy at a time. A prefetch batch yields to a demand copy that arrives meanwhile: its copies
+        that have not started on the link go back to the queue, behind the demand copies.
+        """
+        for job in batch:  # the earlier copies into its slots first, even if they were queued behind it
+            for event in job.after:
+                for earlier in event.jobs:
+                    if self._take(earlier):
+                        self._run_batch([earlier])
+        before, link_free = self.link_free, self.link_free
+        for job in batch:
+            start = max(link_free, job.issued)
+            for event in job.after:  # a copy into a slot lands after the earlier copy into it
+                for earlier in event.jobs:
+                    earlier.done.wait()
+                    start = max(start, earlier.lands)
+            job.start, job.lands = start, start + self.copy_seconds(job.nbytes)
+            link_free = job.lands
+        self.link_free = link_free
+        yields = batch[0].key[0] != DEMAND
+        with self.cv:
+            while True:
+                now = time.perf_counter()
+                if yields and self._demand_queued():
+                    kept = [job for job in batch if job.start <= now]  # on the link already: they finish
+                    for job in batch[len(kept):]:
+                        job.state = "queued"
+                        heapq.heappush(self.queue, (*job.key, job))
+                    batch, yields = kept, False
+                    self.link_free = batch[-1].lands if batch else before
+                    if not batch:
+                        return
+                if now >= batch[-1].lands:
+                    break
+                self.cv.wait(batch[-1].lands - now)
+        for job in batch:
+            self._land(job)
+        self.landed_late_s += max(time.perf_counter() - batch[-1].lands, 0.0)
+
+    def _land(self, job: _Job) -> None:
+        """The job's bytes land (its fill runs); a failure completes it as failed, for its waiter to see."""
         try:
-            job.fill(False)  # the bytes land at the end of the transfer
+            job.fill(False)
             job.state = "done"
         except Exception as err:  # a failed copy completes its wave; the host that waits for it sees it
             job.state, job.error = "failed", repr(err)
             self.failures.append(repr(err))
         self.copies += 1
-        self.landed_late_s += max(time.perf_counter() - job.lands, 0.0)
+        self.busy_s += self.copy_seconds(job.nbytes)
         job.fill = None
         job.done.set()
 
-    def _die(self, err: BaseException, running: _Job | None) -> None:
+    def _die(self, err: BaseException, running: list[_Job]) -> None:
         with self.cv:
             self.dead = err
-            jobs = [j for *_, j in self.queue if j.state == "queued"] + ([running] if running is not None else [])
+            jobs = [j for *_, j in self.queue if j.state == "queued"] + [j for j in running if not j.done.is_set()]
             self.queue.clear()
             for job in jobs:
                 job.state, job.error = "failed", f"the copy worker died ({err!r})"
@@ -275,6 +330,7 @@ class EmulatedDevice(SyncDevice):
         self.allocated = 0
         self.order: StreamOrder | None = None  # the pool's CUDA ordering, checked as copies and reads are issued
         self.link = _Link(self.bandwidth, self.latency)
+        self._waves = itertools.count()
         self._worker = threading.Thread(target=self.link.run, name="oled-emulated-copy", daemon=True)
         self._worker.start()
         weakref.finalize(self, self.link.close)  # a dropped device ends its worker
@@ -331,7 +387,8 @@ class EmulatedDevice(SyncDevice):
             self.order.write(stream, slots, undoable=True)
             stamp = self.order.stamp(stream)
         waits = [e for e in after if e.jobs]
-        jobs = [_Job(self.link, fill, nbytes, waits, int(slot)) for slot, fill in zip(slots, fills)]
+        wave = next(self._waves)
+        jobs = [_Job(self.link, fill, nbytes, waits, int(slot), wave) for slot, fill in zip(slots, fills)]
         self.link.push(jobs, priority)
         return EmulatedEvent(jobs, stamp)
 

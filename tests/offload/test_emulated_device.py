@@ -85,6 +85,26 @@ def test_demand_copies_overtake_queued_prefetches_and_a_needed_prefetch_is_promo
     device.close()
 
 
+def test_a_started_prefetch_wave_yields_its_unstarted_copies_to_a_demand_copy():
+    """The worker takes a wave at a time (one wake-up, every copy landing at the wave's end), but a prefetch
+    wave still yields to a demand copy copy by copy, as on a copy engine: the copy on the link finishes, the
+    demand copy goes next, the rest of the prefetch wave after it."""
+    cache, device = _cache(0.05)
+    cache.pool.zero_()
+    cache.load_wave([0, 1, 2], 0, [0, 1, 2], priority=PREFETCH)
+    time.sleep(0.01)  # the wave's first copy is on the link
+    cache.load_wave([3], 0, [2])
+    prefetch, demand = cache.ready[0].event, cache.ready[3].event
+    demand.synchronize()
+    first, second, third = prefetch.jobs
+    assert first.lands < demand.jobs[0].lands < second.lands < third.lands
+    assert demand.jobs[0].lands - first.lands == pytest.approx(0.05, abs=1e-6)  # next on the link
+    assert not prefetch.query() and _value(cache, 3) == 3.0
+    cache.wait_ready([0, 1, 2])
+    assert [_value(cache, s) for s in range(3)] == [1.0, 2.0, 3.0]
+    device.close()
+
+
 @pytest.mark.parametrize("kw, match", [
     (dict(bandwidth=0), r"bandwidth=0 bytes/s \(0 GB/s\) is invalid"),
     (dict(bandwidth=1e-300 * 1e9), r"bandwidth=1e-291 bytes/s \(1e-300 GB/s\) is invalid: must be a finite number of "
@@ -287,11 +307,11 @@ def test_a_dead_copy_worker_fails_the_waiting_call_and_every_later_copy(monkeypa
 
     device = EmulatedDevice(bandwidth=1e9, latency=0.0)
 
-    def overflow(seconds):
+    def overflow(self, nbytes):  # as a link of 1e-300 GB/s did, in the worker's time arithmetic
         raise OverflowError("timestamp too large to convert to C _PyTime_t")
 
-    monkeypatch.setattr(emulated.time, "sleep", overflow)
-    event = device.copy([0], [lambda _: None], 10**9)  # a second of link time: the worker sleeps, and dies
+    monkeypatch.setattr(emulated._Link, "copy_seconds", overflow)
+    event = device.copy([0], [lambda _: None], 10**9)  # the worker schedules it, and dies
     with pytest.raises(emulated.CopyFailed, match=r"slot 0 failed: the copy worker died \(OverflowError"):
         _within(10, event.synchronize)
     with pytest.raises(emulated.CopyFailed, match="the emulated copy worker died"):
