@@ -310,7 +310,7 @@ def test_a_dead_copy_worker_fails_the_waiting_call_and_every_later_copy(monkeypa
     def overflow(self, nbytes):  # as a link of 1e-300 GB/s did, in the worker's time arithmetic
         raise OverflowError("timestamp too large to convert to C _PyTime_t")
 
-    monkeypatch.setattr(emulated._Link, "copy_seconds", overflow)
+    monkeypatch.setattr(emulated.CopyLink, "copy_seconds", overflow)
     event = device.copy([0], [lambda _: None], 10**9)  # the worker schedules it, and dies
     with pytest.raises(emulated.CopyFailed, match=r"slot 0 failed: the copy worker died \(OverflowError"):
         _within(10, event.synchronize)
