@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: demo test docs bench lint clean
+.PHONY: demo test wheel-check docs bench lint clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mkdocs build --strict --quiet --site-dir site
 	$(PY) -m pytest
+	PYTHON=$(PYTHON) TORCH="$(TORCH)" .ci/wheel-check
+
+# the built wheel in a bare venv with only its declared dependencies (part of `make test`)
+wheel-check: $(STAMP)
+	PYTHON=$(PYTHON) TORCH="$(TORCH)" .ci/wheel-check
 
 # the documentation (docs/) as a site in site/; --strict: a broken link or anchor fails
 docs: $(STAMP)
