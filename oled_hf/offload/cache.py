@@ -38,14 +38,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from .backend import DEMAND, SyncDevice
+from .backend import DEMAND, PREFETCH, SyncDevice
 from .device import make_device
 from .store import ExpertStore, split_expert
 
 STAGING_BUFFERS = 8  # pinned staging rows of the memory-mapped store on CUDA (a wave runs this far ahead)
 
 
-_ORDER = itertools.count()
+_ORDER = itertools.count(1)
+COPY_STREAMS = frozenset((DEMAND, PREFETCH))
 
 
 @dataclass
@@ -119,13 +120,23 @@ class ExpertCache:
     def _hazards(self, slots: list[int], priority: int) -> list[Any]:
         """The events a copy on ``priority``'s stream into ``slots`` must wait for (each once); marks them waited."""
         out: dict[int, Any] = {}
-        ranges = [(lo, hi, a) for (lo, hi), a in self.range_reads.items()]
-        for slot in slots:
+        cover = np.zeros(len(slots), dtype=np.int64)  # the latest kernel over a whole range, per slot (0: none)
+        if self.range_reads:
+            arr = np.asarray(slots)
+            for key, access in list(self.range_reads.items()):
+                inside = (arr >= key[0]) & (arr < key[1])
+                if not inside.any():
+                    continue
+                np.maximum(cover, np.where(inside, access.seq, 0), out=cover)
+                if priority not in access.waited:
+                    access.waited.add(priority)
+                    out[id(access.event)] = access.event
+                if access.waited >= COPY_STREAMS:  # both copy streams follow it from here on
+                    del self.range_reads[key]
+        for slot, covered in zip(slots, cover.tolist()):
             access = self.last.get(slot)
-            if access is None or priority in access.waited:
-                continue
-            if any(lo <= slot < hi and a.seq > access.seq for lo, hi, a in ranges):
-                continue  # a later kernel read the whole range after waiting for this: waiting for it suffices
+            if access is None or priority in access.waited or covered > access.seq:
+                continue  # already waited on this stream, or a later kernel over its range (waited) implies it
             if self.ready.get(slot) is access and self.backend.cancel(access.event, slot):
                 del self.ready[slot]  # superseded before it started: what it waited for, this copy waits for
                 for event in self.prior.pop(slot, ()):
@@ -133,12 +144,6 @@ class ExpertCache:
                 continue
             access.waited.add(priority)
             out[id(access.event)] = access.event
-        if self.range_reads:
-            arr = np.asarray(slots)
-            for (lo, hi), access in list(self.range_reads.items()):
-                if priority not in access.waited and bool(((arr >= lo) & (arr < hi)).any()):
-                    access.waited.add(priority)
-                    out[id(access.event)] = access.event
         return list(out.values())
 
     def _fill(self, slot: int, layer: int, expert: int):
