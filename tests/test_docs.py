@@ -45,3 +45,48 @@ def test_no_internal_references_or_machine_paths(path):
     text = path.read_text()
     assert INTERNAL.findall(text) == [], path.name
     assert MACHINE_PATH.findall(text) == [], path.name
+
+
+def _hooks():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mkdocs_hooks", REPO / "mkdocs_hooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_generated_report_and_its_figures_are_pages_of_the_site():
+    """The report's tables and figures (eval/report/) were not on the site: the hook adds them, the nav lists them."""
+    hooks = _hooks()
+    files = dict(hooks.report_files())
+    report = REPO / "eval" / "report" / "report.md"
+    assert files[hooks.REPORT_PAGE] == report
+    figures = set(re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", report.read_text()))
+    assert figures and {f"report/{name}" for name in figures} <= set(files)
+    assert f": {hooks.REPORT_PAGE}" in (REPO / "mkdocs.yml").read_text()
+
+
+def test_file_paths_link_to_the_repository_where_the_site_knows_it():
+    hooks = _hooks()
+    text = ("see `oled_hf/offload/system.py`, `no/such/file.py` and [`eval/README.md`](x)\n"
+            "```\n`oled_hf/cli/main.py`\n```\n")
+    linked = hooks.source_links(text, "https://example.org/oled-hf/")
+    assert "[`oled_hf/offload/system.py`](https://example.org/oled-hf/blob/main/oled_hf/offload/system.py)" in linked
+    assert "`no/such/file.py`" in linked and "blob/main/no/such" not in linked  # not a file of the clone
+    assert "[`eval/README.md`](x)" in linked and "\n`oled_hf/cli/main.py`\n" in linked  # links and code blocks kept
+    assert hooks.source_links(text, None) == text
+    assert "repo_url: !ENV [OLED_HF_REPO_URL, null]" in (REPO / "mkdocs.yml").read_text()
+
+
+def test_wide_tables_and_code_comments_wrap_on_the_site():
+    assert "  - stylesheets/wrap.css" in (REPO / "mkdocs.yml").read_text()
+    css = (REPO / "docs" / "stylesheets" / "wrap.css").read_text()
+    assert "white-space: pre-wrap" in css and "white-space: normal" in css
+
+
+def test_the_greedy_tie_rule_is_a_stated_deliberate_difference():
+    """model.md said ties resolve "as the official decoders do", some of which take argmax(softmax(logits))."""
+    text = " ".join((REPO / "docs" / "model.md").read_text().split())
+    assert "argmax(softmax(logits))" in text and "deliberate difference" in text
+    assert "resolve as the official decoders do" not in text
