@@ -68,8 +68,9 @@ class OffloadConfig:
 
     ``system``: the system to run (``oled_hf/offload/system.py``), the one way to name it: a preset
     (``"oled"``, the default when None; ``"lru-full"``, ``"mixtral-offloading"``, ...) or parts
-    ``RETENTION[+DISPATCH][+ALLOCATION]`` (``"lru+cpu+reuse+adaptive"``). A prefetch part or an
-    oracle retention is refused: they run in replay only (``oled-moe trace replay --system``).
+    ``RETENTION[+PREFETCH][+DISPATCH][+ALLOCATION]`` (``"lru+cpu+reuse+adaptive"``). The live prefetch
+    parts (``previous``, ``matrix``) run; the gate prefetchers (which read predicted routes) and the
+    oracle retentions are refused: they run in replay only (``oled-moe trace replay --system``).
     ``policy`` and ``layer_adaptive`` are deprecated aliases of the retention and the allocation
     (a FutureWarning names the ``system=`` spelling; both resolved by ``system.resolve_system``).
     Beside the name, whatever names it: ``cpu_compute="off"`` (or ``"auto"`` on a CPU-only device)
