@@ -16,6 +16,7 @@ rule (off in pipes and with ``--quiet``).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -145,21 +146,26 @@ def quiet_library_bars(quiet: bool = False) -> None:
 
     Those libraries draw their bars on stderr whether or not it is a terminal, so piped logs and
     ``--quiet`` runs got them. Only ever turns bars off (a terminal keeps the libraries' own
-    settings, ``HF_HUB_DISABLE_PROGRESS_BARS`` included). Imports the libraries only when it has
-    something to turn off (datasets only where installed), so this module stays importable without them.
+    settings, ``HF_HUB_DISABLE_PROGRESS_BARS`` included). A library not imported yet is told through its
+    environment variable, which it reads at import; one already imported through its own switch. So
+    nothing is imported here, and this module stays importable without them.
     """
     if bars_enabled(quiet):
         return
-    from huggingface_hub.utils import disable_progress_bars
-    from transformers.utils import logging
+    # Not imported yet (a command that has not loaded a model): the libraries read these at import, so
+    # nothing is imported here for them (transformers alone takes seconds: `trace synth` needs none of it).
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # huggingface_hub's, and transformers' through it
+    os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"
+    if "transformers" in sys.modules:
+        from transformers.utils import logging
 
-    logging.disable_progress_bar()  # transformers' flag; it also calls the hub's
-    disable_progress_bars()
-    try:
-        import datasets
-    except ImportError:
-        return
-    datasets.disable_progress_bars()  # "Generating train split", "Map": drawn on any stderr
+        logging.disable_progress_bar()  # transformers' flag; it also calls the hub's
+    if "huggingface_hub" in sys.modules:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    if "datasets" in sys.modules:
+        sys.modules["datasets"].disable_progress_bars()  # "Generating train split", "Map": drawn on any stderr
 
 
 def add_quiet_argument(parser) -> None:

@@ -15,6 +15,14 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def _library_bar_switches(monkeypatch):
+    """``quiet_library_bars`` sets these for the libraries a command imports later (a real command ends there);
+    in this one process, one test's must not reach the next, nor the subprocesses a later test starts."""
+    for name in ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS"):
+        monkeypatch.delenv(name, raising=False)
+
+
 @pytest.fixture(scope="session")
 def tiny_path(tmp_path_factory):
     from oled_hf.checkpoints.factory import make_checkpoint

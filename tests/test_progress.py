@@ -107,7 +107,7 @@ def _read_all(fd: int, sink: list[bytes]) -> None:
         sink.append(chunk)
 
 
-def test_trace_record_shows_a_bar_per_prompt_on_a_terminal(tiny_path, tmp_path):
+def test_trace_record_shows_a_bar_on_a_terminal(tiny_path, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("hello\ntell me a story\n")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -125,7 +125,7 @@ def test_trace_record_shows_a_bar_per_prompt_on_a_terminal(tiny_path, tmp_path):
     terminal = b"".join(chunks).decode(errors="replace")
     assert proc.returncode == 0, terminal
     assert proc.stdout.startswith("recorded 2 prompts, ")  # the result stays on stdout, alone
-    assert "recording: 100%" in terminal and "2/2" in terminal and "prompt/s" in terminal
+    assert "recording 2 prompts: 100%" in terminal and "block/s" in terminal  # per diffusion block (issue 67)
     command[command.index("--out") + 1] = str(tmp_path / "quiet.trace")  # trace record never overwrites
     quiet = subprocess.run([*command, "--quiet"], capture_output=True, text=True, timeout=120, env=env)
     assert quiet.returncode == 0 and "recording" not in quiet.stderr
@@ -141,7 +141,7 @@ def test_trace_record_piped_ends_with_its_duration(tiny_path, tmp_path, capsys):
                  str(tmp_path / "t.trace"), "--max-new-tokens", "8", "--block-length", "8"])
     out, err = capsys.readouterr()
     assert code == 0 and out.startswith("recorded 2 prompts, ")
-    assert re.search(r"^recording: done, 2/2 prompt in \d+\.\d s \(", err, re.M), err
+    assert re.search(r"^recording 2 prompts: done, (\d+)/\1 block in \d+\.\d s \(", err, re.M), err
     assert "\r" not in err
 
 
@@ -210,3 +210,14 @@ def test_load_memory_keeps_its_checkpoint_out_of_the_repository(monkeypatch, tmp
         load_memory.main(["--model", str(tmp_path)])
     assert exit_.value.code == 2
     assert capsys.readouterr().err.endswith(f"error: --model {tmp_path}: no *.safetensors files in that folder\n")
+
+
+def test_library_bars_are_off_in_a_log_even_for_libraries_imported_later():
+    """A command turns the libraries' bars off before importing them (importing transformers for that alone cost
+    seconds of every start); the library reads the switch when it is imported, by the model load."""
+    code = ("import io, os, sys\nsys.stderr = io.StringIO()\nfrom oled_hf.progress import quiet_library_bars\n"
+            "quiet_library_bars()\nassert 'transformers' not in sys.modules and 'huggingface_hub' not in sys.modules\n"
+            "from transformers.utils import logging\nassert not logging.is_progress_bar_enabled()\nprint('ok')\n")
+    env = {k: v for k, v in os.environ.items() if "PROGRESS_BARS" not in k}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0 and done.stdout == "ok\n", done.stderr
