@@ -8,7 +8,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_eval_script(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, ROOT / "eval" / f"{name}.py")
+    return load_script(ROOT / "eval" / f"{name}.py")
+
+
+def load_script(path: Path) -> ModuleType:
+    """A Python file of the repository that is not in a package (eval/ scripts, mkdocs_hooks.py), as a module."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

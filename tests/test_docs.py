@@ -48,12 +48,9 @@ def test_no_internal_references_or_machine_paths(path):
 
 
 def _hooks():
-    import importlib.util
+    from tests.eval_scripts import load_script
 
-    spec = importlib.util.spec_from_file_location("mkdocs_hooks", REPO / "mkdocs_hooks.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(REPO / "mkdocs_hooks.py")
 
 
 def test_the_generated_report_and_its_figures_are_pages_of_the_site():
