@@ -23,6 +23,7 @@ arithmetic, no NumPy per item beyond the sort of ready times.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +52,10 @@ class Timeline:
     demand_first: bool = False  # demand copies overtake queued prefetches
     moved: dict[Any, float] = field(default_factory=dict)  # key -> new landing time of overtaken prefetches
     _low: list[tuple[float, Any]] = field(default_factory=list)  # queued prefetches: (start, key)
+
+    def clone(self) -> Timeline:
+        """An independent copy (what ``copy.deepcopy`` gives, ~20x faster): trial schedules branch on it."""
+        return dataclasses.replace(self, moved=dict(self.moved), _low=list(self._low))
 
     def copies(self, n: int, issue_at: float, *, low: bool = False, keys: list[Any] | None = None) -> np.ndarray:
         """Enqueue ``n`` copies at ``issue_at`` (FIFO behind earlier ones); their landing times.

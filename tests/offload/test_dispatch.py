@@ -135,3 +135,54 @@ def test_shared_dram_knob_charges_cpu_experts_at_the_rate_dma_leaves():
     assert roomy.kernel_costs()[2] == CM.cpu_expert_fixed_s  # 200 - 50 >= 100 GB/s: no sharing
     with pytest.raises(ValueError, match="dispatch knob shared_dram='yes' is invalid"):
         build_dispatcher(parse_system("lru+cpu").with_knobs(dispatch__shared_dram="yes"), CM)
+
+
+class _Fixed:
+    """A retention part with fixed priorities (for the admission rule alone)."""
+
+    def __new__(cls, prio):
+        from oled_hf.offload.policies.base import CachePolicy
+
+        class Fixed(CachePolicy):
+            name = "fixed"
+
+            def priority_array(self, layer):
+                return prio
+
+        return Fixed(1, len(prio))
+
+
+def _plan_with(admission, cpu="on"):
+    """One layer of 4 experts and 2 slots holding experts 0 (priority 5) and 1 (priority 4); then an access
+    requesting 2 (priority 1) and 3 (priority 9), with a CPU so slow that the split copies both."""
+    from oled_hf.offload.planner import CacheState
+
+    prio = np.array([5.0, 4.0, 1.0, 9.0])
+    policy, state = _Fixed(prio), CacheState(1, 4, [2])
+    slow_cpu = CM.with_overrides(cpu_s_per_token=1.0)
+    fill = Dispatcher(None, "off")
+    state.plan(0, np.array([[0], [1]]), None, policy, fill, np.array([1, 1, 0, 0]))
+    d = Dispatcher(slow_cpu, cpu, admission=admission)
+    return state.plan(0, np.array([[2], [3]]), None, policy, d, np.array([0, 0, 4, 4]))
+
+
+def test_admission_by_priority_keeps_a_resident_that_outranks_the_miss():
+    """``admission=priority``: expert 3 outranks the lowest resident (1) and takes its slot; expert 2 does not
+    outrank the next (0), so it runs on the CPU and 0 stays. ``all`` copies both, evicting both."""
+    plan = _plan_with("priority")
+    assert plan.copies == [(3, plan.copies[0][1], 1)] and plan.cpu == [2]
+    plan = _plan_with("all")
+    assert sorted(c[0] for c in plan.copies) == [2, 3] and plan.cpu == []
+    plan = _plan_with("priority", cpu="off")  # every miss must be copied: the rule does nothing
+    assert sorted(c[0] for c in plan.copies) == [2, 3] and plan.cpu == []
+
+
+def test_admission_knob_is_checked_in_one_line():
+    with pytest.raises(ValueError, match=r"^admission='sometimes' is unknown; allowed: all, priority$"):
+        Dispatcher(CM, "on", admission="sometimes")
+    from oled_hf.offload.system import build_dispatcher, parse_system
+
+    system = parse_system("lru+cpu+reuse+adaptive").with_knobs(dispatch__admission="never")
+    with pytest.raises(ValueError, match=r"^dispatch knob admission='never' is unknown; allowed: all, priority$"):
+        build_dispatcher(system, CM)
+    assert build_dispatcher(system.with_knobs(dispatch__admission="priority"), CM).admission == "priority"

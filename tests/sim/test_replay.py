@@ -141,3 +141,19 @@ def test_copy_only_uniform_runs_are_measured_against_demand_min(trace):
     table = format_table(rows)
     assert "hit/MIN %" in table and "  MIN: demand MIN (per layer, every miss admitted)" in table
     assert "  MIN+bypass: per-layer MIN with bypass" in table and "  global MIN+bypass: MIN with bypass" in table
+
+
+def test_a_capped_prefetch_window_ends_when_the_next_layer_has_planned():
+    """A capped prefetcher may copy until the next layer's demand copies start: after that layer's non-expert
+    part and its planner time. With a planner as slow as four copies the window holds more copies: 42
+    prefetches instead of 5 here (the window used to leave the planner out: 5 at any planner time)."""
+    from oled_hf.offload.costmodel import CostModel
+    from oled_hf.offload.system import parse_system
+    from oled_hf.sim.synthetic import synthetic_trace
+
+    trace = synthetic_trace(num_layers=4, num_experts=64, top_k=4, block_length=16, num_blocks=3, seed=4)
+    cm = CostModel.h200_pcie5(2048, 512)
+    system = parse_system("lru+gate-capped+copy+uniform").with_knobs(prefetch__limit=64)
+    issued = {p: replay(trace, "promoe", 12, system=system, cost_model=cm, planner_s=p).prefetch_issued
+              for p in (0.0, 4 * cm.copy_time())}
+    assert issued[4 * cm.copy_time()] >= issued[0.0] + 30

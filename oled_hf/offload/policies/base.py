@@ -17,6 +17,7 @@ call of a numba kernel, ``oled_hf/offload/kernels.py``, where its rules are writ
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, ClassVar
 
 import numpy as np
@@ -77,7 +78,8 @@ class CachePolicy(IterationObserver):
 
     def __init__(self, num_layers: int, num_experts: int, **knobs: Any) -> None:
         if knobs:
-            raise TypeError(f"{type(self).__name__} got unknown knobs: {', '.join(sorted(knobs))}")
+            raise ValueError(f"retention {self.name!r} has no knob(s) {', '.join(sorted(knobs))}; known: "
+                             f"{', '.join(known_knobs(type(self))) or 'none'}")
         self.num_layers = int(num_layers)
         self.num_experts = int(num_experts)
         self.capacities: list[int] | None = None
@@ -158,6 +160,20 @@ class CachePolicy(IterationObserver):
     def admits(self, layer: int, expert: int) -> bool:
         mask = self.admission(layer)
         return True if mask is None else bool(mask[expert])
+
+
+def known_knobs(cls: type) -> list[str]:
+    """The knobs a policy class takes: its constructors' keyword parameters, up the class chain."""
+    names: list[str] = []
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        for p in inspect.signature(init).parameters.values():
+            if p.kind is p.POSITIONAL_OR_KEYWORD and p.name not in ("self", "num_layers", "num_experts") \
+                    and p.name not in names:
+                names.append(p.name)
+    return sorted(names)
 
 
 def geometric_reuse(u: np.ndarray) -> np.ndarray:

@@ -75,6 +75,12 @@ def charge_access(tl: Timeline, acc: Access, hits: list[int], copied: list[int],
     return tl.end_layer(start, plan_ready, cm.gpu_layer_fixed_s, r, g, cpu_s, cpu_sh).end
 
 
+def _hit_ready(ready: dict[tuple[int, int], float], layer: int, hits: list[int]) -> dict[tuple[int, int], float]:
+    """What a trial :func:`charge_access` of one access reads of ``ready`` (its hits' landing times), as a new
+    dict the trial may write: copying the whole ``ready`` per trial made the schedules quadratic."""
+    return {(layer, e): ready[(layer, e)] for e in hits if (layer, e) in ready}
+
+
 def _next_uses(accs: list[Access]) -> list[dict[int, int]]:
     """Per access, for each requested expert, the index of the next access requesting it (INF if none)."""
     out: list[dict[int, int]] = [{} for _ in accs]
@@ -128,8 +134,8 @@ def greedy_schedule(accs: list[Access], cm: CostModel, total_slots: int, timed_f
         best_k, best_end = 0, np.inf
         for k in range(len(admits) + 1):
             copied = [e for e, _ in admits[:k]]
-            end = charge_access(_copy.deepcopy(tl), acc, hits, copied, [e for e in misses if e not in copied], cm,
-                                dict(ready), planner_s=planner_s) - credit[k]
+            end = charge_access(tl.clone(), acc, hits, copied, [e for e in misses if e not in copied], cm,
+                                _hit_ready(ready, acc.layer, hits), planner_s=planner_s) - credit[k]
             if end < best_end - 1e-15:
                 best_k, best_end = k, end
         copied = [e for e, _ in admits[:best_k]]

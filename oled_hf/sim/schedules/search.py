@@ -28,7 +28,6 @@ least over a few (credit, horizon, extra) variants; with ``horizon=0`` it is the
 
 from __future__ import annotations
 
-import copy as _copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,7 +36,7 @@ from oled_hf.offload.costmodel import CostModel
 
 from ..belady import INF
 from ..timeline import Timeline
-from .greedy import CREDITS, Access, _next_uses, charge_access
+from .greedy import CREDITS, Access, _hit_ready, _next_uses, charge_access
 
 Item = tuple[int, int]
 
@@ -114,8 +113,8 @@ def search_schedule(accs: list[Access], cm: CostModel, total_slots: int, timed_f
         best_k, best_end, best_raw = 0, np.inf, np.inf
         for k in range(len(admits) + 1):
             copied = [e for e, _ in admits[:k]]
-            raw = charge_access(_copy.deepcopy(tl), acc, hits, copied, [e for e in misses if e not in copied], cm,
-                                dict(ready), planner_s=planner_s)
+            raw = charge_access(tl.clone(), acc, hits, copied, [e for e in misses if e not in copied], cm,
+                                _hit_ready(ready, acc.layer, hits), planner_s=planner_s)
             if raw - credit[k] < best_end - 1e-15:
                 best_k, best_end, best_raw = k, raw - credit[k], raw
         copied = [e for e, _ in admits[:best_k]]
