@@ -75,6 +75,59 @@ def charge_access(tl: Timeline, acc: Access, hits: list[int], copied: list[int],
     return tl.end_layer(start, plan_ready, cm.gpu_layer_fixed_s, r, g, cpu_s, cpu_sh).end
 
 
+class Resident:
+    """The offline cache: each resident (layer, expert) item and the index of its next use, as one array.
+
+    Finding a victim (the resident item used farthest in the future, ties to the larger (layer, expert),
+    outside the protected ones) is one vectorised max instead of a Python scan of up to every slot per miss,
+    which made the schedules take tens of minutes on one trace.
+    """
+
+    def __init__(self, num_layers: int, num_experts: int) -> None:
+        self.num_experts = num_experts
+        self.next_use = np.full(num_layers * num_experts, -1, dtype=np.int64)  # -1: not resident
+        self.size = 0
+
+    def copy(self) -> Resident:
+        other = Resident.__new__(Resident)
+        other.num_experts, other.next_use, other.size = self.num_experts, self.next_use.copy(), self.size
+        return other
+
+    def _at(self, item: tuple[int, int]) -> int:
+        return item[0] * self.num_experts + item[1]
+
+    def __contains__(self, item: tuple[int, int]) -> bool:
+        return bool(self.next_use[self._at(item)] >= 0)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def set(self, item: tuple[int, int], use: int) -> None:
+        i = self._at(item)
+        self.size += self.next_use[i] < 0
+        self.next_use[i] = use
+
+    def drop(self, item: tuple[int, int]) -> None:
+        i = self._at(item)
+        self.size -= self.next_use[i] >= 0
+        self.next_use[i] = -1
+
+    def victim(self, protected: set[tuple[int, int]]) -> tuple[int, tuple[int, int]] | None:
+        """``max((next use, item))`` over the resident items not in ``protected``; None if there is none."""
+        idx = [self._at(it) for it in protected]
+        saved = self.next_use[idx]
+        self.next_use[idx] = -1
+        top = int(self.next_use.max())
+        i = int(np.flatnonzero(self.next_use == top)[-1]) if top >= 0 else -1
+        self.next_use[idx] = saved
+        return None if i < 0 else (top, (i // self.num_experts, i % self.num_experts))
+
+
+def shape_of(accs: list[Access]) -> tuple[int, int]:
+    """(layers, experts) of a list of accesses."""
+    return max(a.layer for a in accs) + 1, accs[0].counts.shape[0]
+
+
 def _hit_ready(ready: dict[tuple[int, int], float], layer: int, hits: list[int]) -> dict[tuple[int, int], float]:
     """What a trial :func:`charge_access` of one access reads of ``ready`` (its hits' landing times), as a new
     dict the trial may write: copying the whole ``ready`` per trial made the schedules quadratic."""
@@ -99,7 +152,7 @@ def greedy_schedule(accs: list[Access], cm: CostModel, total_slots: int, timed_f
     if not (np.isfinite(reuse_credit) and reuse_credit >= 0):
         raise ValueError(f"reuse_credit={reuse_credit!r} must be a finite number >= 0")
     nxt = _next_uses(accs)
-    cache: dict[tuple[int, int], int] = {}  # item -> index of its next use
+    cache = Resident(*shape_of(accs))  # item -> index of its next use
     tl, ready = Timeline(cm.copy_time()), {}
     t0 = 0.0
     for t, acc in enumerate(accs):
@@ -110,23 +163,23 @@ def greedy_schedule(accs: list[Access], cm: CostModel, total_slots: int, timed_f
         misses = sorted((e for e in req if (acc.layer, e) not in cache),
                         key=lambda e: -float(cm.cpu_times(acc.counts[[e]])[0]))
         for e in hits:
-            cache[(acc.layer, e)] = nxt[t][e]
+            cache.set((acc.layer, e), nxt[t][e])
         protected = {(acc.layer, e) for e in hits}
         admits: list[tuple[int, tuple[int, int] | None]] = []  # (miss, victim) in copy order
-        trial = dict(cache)
+        trial = cache.copy()
         for e in misses:
             if nxt[t][e] >= INF:
                 continue
             victim = None
             if len(trial) >= total_slots:
-                idle = [(u, it) for it, u in trial.items() if it not in protected]
-                if not idle:
+                found = trial.victim(protected)
+                if found is None:
                     continue
-                u, victim = max(idle)
+                u, victim = found
                 if u <= nxt[t][e]:
                     continue
-                del trial[victim]
-            trial[(acc.layer, e)] = nxt[t][e]
+                trial.drop(victim)
+            trial.set((acc.layer, e), nxt[t][e])
             protected.add((acc.layer, e))
             admits.append((e, victim))
         credit = np.cumsum([0.0] + [reuse_credit * float(cm.cpu_times(accs[nxt[t][e]].counts[[e]])[0])
@@ -141,9 +194,9 @@ def greedy_schedule(accs: list[Access], cm: CostModel, total_slots: int, timed_f
         copied = [e for e, _ in admits[:best_k]]
         for e, victim in admits[:best_k]:
             if victim is not None:
-                cache.pop(victim, None)
-            cache[(acc.layer, e)] = nxt[t][e]
-        while len(cache) > total_slots:  # cannot happen: each admit had a slot or a victim
+                cache.drop(victim)
+            cache.set((acc.layer, e), nxt[t][e])
+        if len(cache) > total_slots:  # cannot happen: each admit had a slot or a victim
             raise AssertionError("greedy schedule over its slot budget")
         charge_access(tl, acc, hits, copied, [e for e in misses if e not in copied], cm, ready, planner_s=planner_s)
     return max(tl.gpu_free, tl.host_free) - t0

@@ -36,7 +36,7 @@ from oled_hf.offload.costmodel import CostModel
 
 from ..belady import INF
 from ..timeline import Timeline
-from .greedy import CREDITS, Access, _hit_ready, _next_uses, charge_access
+from .greedy import CREDITS, Access, Resident, _hit_ready, _next_uses, charge_access, shape_of
 
 Item = tuple[int, int]
 
@@ -68,19 +68,19 @@ def _cpu_s(cm: CostModel, n: int) -> float:
     return float(cm.cpu_times(np.array([n]))[0])
 
 
-def _admit(cache: dict[Item, int], protected: set[Item], item: Item, use: int,
+def _admit(cache: Resident, protected: set[Item], item: Item, use: int,
            total_slots: int) -> tuple[bool, Item | None]:
     """Greedy/Belady admission of ``item`` (next used at ``use``): ``(admitted, victim)``; mutates ``cache``."""
     victim = None
     if len(cache) >= total_slots:
-        idle = [(u, it) for it, u in cache.items() if it not in protected]
-        if not idle:
+        found = cache.victim(protected)
+        if found is None:
             return False, None
-        u, victim = max(idle)
+        u, victim = found
         if u <= use:
             return False, None
-        del cache[victim]
-    cache[item] = use
+        cache.drop(victim)
+    cache.set(item, use)
     protected.add(item)
     return True, victim
 
@@ -91,7 +91,7 @@ def search_schedule(accs: list[Access], cm: CostModel, total_slots: int, timed_f
     if not (np.isfinite(variant.credit) and variant.credit >= 0) or variant.horizon < 0 or variant.extra < 0:
         raise ValueError(f"bad variant {variant}: credit >= 0, horizon >= 0, extra >= 0")
     nxt = _next_uses(accs)
-    cache: dict[Item, int] = {}  # item -> index of its next use
+    cache = Resident(*shape_of(accs))  # item -> index of its next use
     tl, ready = Timeline(cm.copy_time()), {}
     t0, stats = 0.0, ScheduleStats(0.0, variant=variant)
     for t, acc in enumerate(accs):
@@ -101,9 +101,9 @@ def search_schedule(accs: list[Access], cm: CostModel, total_slots: int, timed_f
         hits = [e for e in req if (acc.layer, e) in cache]
         misses = sorted((e for e in req if (acc.layer, e) not in cache), key=lambda e: -_cpu_s(cm, acc.counts[e]))
         for e in hits:
-            cache[(acc.layer, e)] = nxt[t][e]
+            cache.set((acc.layer, e), nxt[t][e])
         protected = {(acc.layer, e) for e in hits}
-        trial, admits = dict(cache), []
+        trial, admits = cache.copy(), []
         for e in misses:
             if nxt[t][e] < INF:
                 ok, victim = _admit(trial, protected, (acc.layer, e), nxt[t][e], total_slots)
@@ -120,8 +120,8 @@ def search_schedule(accs: list[Access], cm: CostModel, total_slots: int, timed_f
         copied = [e for e, _ in admits[:best_k]]
         for e, victim in admits[:best_k]:
             if victim is not None:
-                cache.pop(victim, None)
-            cache[(acc.layer, e)] = nxt[t][e]
+                cache.drop(victim)
+            cache.set((acc.layer, e), nxt[t][e])
         stats.demand_copies += len(copied)
         protected = {(acc.layer, e) for e in req}
         pre = _prefetches(accs, t, cache, protected, tl, cm, total_slots, variant, best_raw, len(copied), planner_s)
@@ -131,7 +131,7 @@ def search_schedule(accs: list[Access], cm: CostModel, total_slots: int, timed_f
     return stats
 
 
-def _prefetches(accs: list[Access], t: int, cache: dict[Item, int], protected: set[Item], tl: Timeline,
+def _prefetches(accs: list[Access], t: int, cache: Resident, protected: set[Item], tl: Timeline,
                 cm: CostModel, total_slots: int, variant: Variant, end_est: float, n_demand: int,
                 planner_s: float = 0.0) -> list[Item]:
     """Admit prefetches for accesses ``t+1 .. t+horizon`` into ``cache`` (mutated); the items, in copy order."""
