@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 import threading
 import weakref
 from collections.abc import Sequence
@@ -45,6 +46,35 @@ MIN_BANDWIDTH = 1e3  # bytes/s: slower is a typo (1e-9 GB/s would take hours per
 MAX_COPY_S = 1.0  # one expert's copy on the emulated link takes at most this (else a run takes hours)
 STREAMS = {DEMAND: "demand", PREFETCH: "prefetch"}
 COMPUTE = "compute"
+# The interpreter's thread switch interval while an emulated device exists (the default is 5 ms): the
+# copy worker needs the GIL to land a wave, and while the host runs Python (planning) it waited up to
+# the whole interval for it, landing copies late by the host's Python stretches, which no replay sees.
+SWITCH_INTERVAL_S = 5e-5
+
+
+class _SwitchInterval:
+    """Lowers ``sys.setswitchinterval`` while at least one emulated device is open; restores it after the last."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.open = 0
+        self.saved = sys.getswitchinterval()
+
+    def acquire(self) -> None:
+        with self.lock:
+            if self.open == 0:
+                self.saved = sys.getswitchinterval()
+                sys.setswitchinterval(min(self.saved, SWITCH_INTERVAL_S))
+            self.open += 1
+
+    def release(self) -> None:
+        with self.lock:
+            self.open -= 1
+            if self.open == 0:
+                sys.setswitchinterval(self.saved)
+
+
+SWITCH = _SwitchInterval()
 
 
 def default_bandwidth(expert_bytes: int) -> float:
@@ -87,7 +117,8 @@ class EmulatedDevice(SyncDevice):
         self.bandwidth, self.latency, self.memory_bytes = float(bandwidth), float(latency), memory_bytes
         self.allocated = 0
         self.order: StreamOrder | None = None  # the pool's CUDA ordering, checked as copies and reads are issued
-        self.link = CopyLink(self.bandwidth, self.latency)
+        SWITCH.acquire()
+        self.link = CopyLink(self.bandwidth, self.latency, on_close=SWITCH.release)
         self._waves = itertools.count()
         self._worker = threading.Thread(target=self.link.run, name="oled-emulated-copy", daemon=True)
         self._worker.start()

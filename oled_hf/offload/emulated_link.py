@@ -14,6 +14,7 @@ import heapq
 import itertools
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -73,8 +74,8 @@ class EmulatedEvent:
 class CopyLink:
     """The copy worker's queue, clock and counters; the worker thread holds this, never the device."""
 
-    def __init__(self, bandwidth: float, latency: float) -> None:
-        self.bandwidth, self.latency = bandwidth, latency
+    def __init__(self, bandwidth: float, latency: float, on_close: Callable[[], None] | None = None) -> None:
+        self.bandwidth, self.latency, self.on_close = bandwidth, latency, on_close
         self.queue: list[tuple[int, int, CopyJob]] = []
         self.seq = itertools.count()
         self.cv = threading.Condition()
@@ -129,9 +130,12 @@ class CopyLink:
             self.late_s += max(seconds, 0.0)
 
     def close(self) -> None:
+        """Stop taking copies (the queued ones still land); ``on_close`` runs once, at the first close."""
         with self.cv:
-            self.closed = True
+            first, self.closed = not self.closed, True
             self.cv.notify()
+        if first and self.on_close is not None:
+            self.on_close()
 
     def _pop(self) -> CopyJob | None:
         """The next queued job in priority order (under ``cv``), taken off the queue; None if none."""

@@ -380,3 +380,36 @@ def test_the_emulated_device_refuses_an_order_cuda_would_race_on():
     with pytest.raises(OrderViolation, match="copy into slot 1 on the demand stream may overwrite it while a kernel"):
         cache.load(1, 0, 2)
     device.close()
+
+
+def test_the_copy_worker_lands_a_copy_while_the_host_runs_python():
+    """At the interpreter's default 5 ms switch interval the worker waited for the GIL as long as the host ran
+    Python (its planning), and copies landed late by that much: live copy waits no replay predicts."""
+    device = EmulatedDevice(bandwidth=1e6 / 2e-4, latency=0.0)  # 1 MB in 0.2 ms
+    landed = 0
+    for _ in range(20):
+        event = device.copy([0], [lambda _: None], 1_000_000)
+        start, x = time.perf_counter(), 0
+        while time.perf_counter() - start < 0.004:  # 4 ms of pure Python: the GIL is never released
+            x += 1
+        landed += event.query()
+        event.synchronize()
+    device.close()
+    assert landed >= 10, landed  # at 5 ms none landed
+
+
+def test_the_switch_interval_is_restored_once_the_last_emulated_device_closes():
+    import sys
+
+    from oled_hf.offload.emulated import SWITCH, SWITCH_INTERVAL_S
+
+    open_before, interval_before = SWITCH.open, sys.getswitchinterval()
+    a, b = EmulatedDevice(1e9), EmulatedDevice(1e9)
+    assert sys.getswitchinterval() == pytest.approx(min(interval_before, SWITCH_INTERVAL_S))
+    a.close()
+    a.close()  # twice: counted once
+    assert SWITCH.open == open_before + 1
+    b.close()
+    assert SWITCH.open == open_before
+    if open_before == 0:
+        assert sys.getswitchinterval() == pytest.approx(interval_before)
