@@ -137,11 +137,12 @@ def test_split_compiled_is_its_python(cm):
 
 def test_plan_digests_hold_where_everything_runs_as_python():
     """A subprocess with ``OLED_HF_KERNELS=numpy``: every kernel runs as plain Python, and the plans
-    of the pinned cases (streaming, reuse copies, k = 6, the CPU split) are the pinned ones."""
+    of the pinned cases (streaming, reuse copies, k = 6, the CPU split, the learned retention's predictor) are
+    the pinned ones."""
     code = (
         "import json\n"
         "from oled_hf.offload import kernels\n"
-        "from tests.offload.test_plan_checksum import REFERENCE, REUSE_REFERENCE, _trace, plan_digest\n"
+        "from tests.offload.test_plan_checksum import LEARNED_REFERENCE, REFERENCE, REUSE_REFERENCE, _trace, plan_digest\n"
         "assert not kernels.COMPILED\n"
         "cases = [('e64', 'oled', 6, 'auto'), ('e256', 'oled', 40, 'off'), ('e48k6', 'oled', 5, 'auto'),\n"
         "         ('e48k6', 'static', 5, 'off'), ('e256', 'lru', 40, 'auto')]\n"
@@ -149,6 +150,9 @@ def test_plan_digests_hold_where_everything_runs_as_python():
         "       for t, p, c, cpu in cases}\n"
         "got['e256-c40-auto-reuse'] = [plan_digest(_trace('e256'), 'oled', 40, 'auto', oled_background_copies=2),\n"
         "                              REUSE_REFERENCE['e256-c40-auto']]\n"
+        "s = 'learned+cpu+reuse+adaptive'\n"
+        "got['e64-learned'] = [plan_digest(_trace('e64'), 'learned', 26, 'auto', system=s),\n"
+        "                      LEARNED_REFERENCE['e64-' + s + '-c26-auto']]\n"
         "print(json.dumps(got))\n"
     )
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -41,7 +41,7 @@ def _trace(name):
 
 
 def plan_digest(trace, policy, cache_size, cpu_compute, layer_adaptive=True, oled_frequency_weight=0.0,
-                oled_background_copies=0):
+                oled_background_copies=0, system=None):
     """Replay ``trace``; sha256 over every plan, rebalance and the final stats (first 16 hex digits).
 
     Even forwards feed torch tensors (what the live executor passes), odd ones NumPy arrays (replay).
@@ -49,7 +49,8 @@ def plan_digest(trace, policy, cache_size, cpu_compute, layer_adaptive=True, ole
     alone (its slow popularity term came later), hence ``oled_frequency_weight=0`` by default, and
     without OLED's reuse copies (planner rule 4, later too), hence ``oled_background_copies=0``.
     """
-    config = OffloadConfig(cache_size=cache_size, system=system_for(policy, layer_adaptive), cpu_compute=cpu_compute,
+    system = system if system is not None else system_for(policy, layer_adaptive)  # a composed system, or a legacy name's
+    config = OffloadConfig(cache_size=cache_size, system=system, cpu_compute=cpu_compute,
                            oled_frequency_weight=oled_frequency_weight,
                            oled_background_copies=oled_background_copies)
     ctrl = CacheController(config, trace.num_layers, trace.num_experts, CostModel.h200_pcie5(512, 128))
@@ -186,3 +187,20 @@ if __name__ == "__main__":  # print the reference table (run once, before changi
     for case in CASES:
         t, p, c, cpu, la = case
         print(f"    {_id(case)!r}: {plan_digest(_trace(t), p, c, cpu, la)!r},")
+
+
+# the learned retention part (issue 65): its decisions pinned when it was introduced
+LEARNED_CASES = [("e64", "learned+cpu+reuse+adaptive", 26, "auto"), ("e64", "learned+copy+uniform", 6, "off"),
+                 ("e256", "learned+cpu+reuse+adaptive", 40, "auto"), ("e48k6", "learned+cpu+uniform", 5, "on")]
+LEARNED_REFERENCE = {
+    'e64-learned+cpu+reuse+adaptive-c26-auto': '6182525c22e7d3a8',
+    'e64-learned+copy+uniform-c6-off': '02d55979ff0557d2',
+    'e256-learned+cpu+reuse+adaptive-c40-auto': 'eb0f6464b774b3a6',
+    'e48k6-learned+cpu+uniform-c5-on': '194706ee00d3d475',
+}
+
+
+@pytest.mark.parametrize("case", LEARNED_CASES, ids=lambda c: f"{c[0]}-{c[1]}-c{c[2]}-{c[3]}")
+def test_learned_plans_match_reference(case):
+    t, system, c, cpu = case
+    assert plan_digest(_trace(t), "learned", c, cpu, system=system) == LEARNED_REFERENCE[f"{t}-{system}-c{c}-{cpu}"]
