@@ -9,9 +9,10 @@ knows the whole future, with oled's tuned dispatch and allocation), the best off
 LP bound (``sim/bounds/lp.py``). ``oled_hf/sim/capture.py`` makes the table: x fused per cell and the
 share of the Belady rung's gain over the best fixed composition that the system under test captures.
 
+    D=traces/dev H=traces/held-out
     python eval/learned_retention.py --out eval/learned \\
-        --group deep=traces/dev/deep-b16-bs1.trace:traces/held-out/deep-b16-bs1.trace,traces/held-out/deep-b32-bs1.trace \\
-        --group mini-like=traces/dev/mini-like-s1.trace,traces/dev/mini-like-s2.trace:traces/held-out/mini-like-s11.trace
+        --group deep=$D/deep-b16-bs1.trace:$H/deep-b16-bs1.trace,$H/deep-b32-bs1.trace \\
+        --group mini-like=$D/mini-like-s1.trace,$D/mini-like-s2.trace:$H/mini-like-s11.trace,$H/mini-like-s12.trace
 
 Simulated time (LLaDA2.0-mini's experts on H200 + PCIe 5, or the model a ``trace synth --like`` trace is like;
 planner ``--planner-us`` per layer access for every system and schedule): the figures do not depend on the
@@ -200,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{g or 'defaults'}: {x:.3f}" for g, x in v[1]) for k, v in tuned.items())
         sections.append(f"## {name}\nDev: {', '.join(f'`{Path(p).name}`' for p in devs)}; held-out: "
                         f"{', '.join(f'`{Path(p).name}`' for p in helds)}.\n\n{grid}\n\n"
-                        + ratio_table(cells, args.systems, args.sizes) + "\n\nTargets:\n" + "\n".join(target_lines(cells)))
+                        + ratio_table(cells, args.systems, args.sizes) + "\n\nTargets:\n"
+                        + "\n".join(target_lines(cells)))
     share_plot(all_cells, out / "share.png", f"simulated, planner {args.planner_us:g} us/access; held-out traces")
     sections.append("![share captured](share.png)")
     cells_json = json.dumps([{**dataclasses.asdict(c), "share": c.share} for c in all_cells], indent=1)

@@ -311,8 +311,8 @@ def ladder_section(infos, traces, costs, planner, out: Path, sim_note, skip: set
              "`belady-reuse` is belady whose reuse prediction (what the dispatcher's reuse copies admit) is the "
              "exact run of uses a copy would be held for: Belady with cost-aware admission, `lru-reuse` LRU with the "
              "same exact reuse (what perfect admission adds to an online retention), both fair dispatch only "
-             "(all five replay only, `offload/policies/oracle.py`). The long-horizon candidates `score` (HybriMoE's "
-             "gate-score EMA), `value`, `mix` and `horizon` run at their defaults; gain = lru's TPOT / the rung's. "
+             "(all five replay only, `offload/policies/oracle.py`). `score` (HybriMoE's gate-score EMA), `oled` and "
+             "`learned` (a next-use predictor learned online) run at their defaults; gain = lru's TPOT / the rung's. "
              "Of a seed group (traces NAME-s<seed>) only the first seed."]
     first = None
     for info in infos:

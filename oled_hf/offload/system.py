@@ -12,7 +12,8 @@ A gain is then credited to the part that differs. Grammar of a system string (``
 
     RETENTION [+PREFETCH] [+DISPATCH] [+ALLOCATION]     parts joined by '+', in this order
     RETENTION  = oled | lru | lfu | static | tide | moe-infinity | score | phase | previous-set
-                 | value | mix | horizon | adaptive | next-oracle | belady (the last two: oracles, replay only)
+                 | adaptive | learned | next-oracle | belady | belady-reuse | lru-reuse | foresight
+                 (the last five: oracles, replay only)
     PREFETCH   = none | gate | gate-capped | matrix     (default none)
     DISPATCH   = copy | cpu | cpu+reuse                  (default copy)
     ALLOCATION = uniform | adaptive                      (default uniform)
@@ -52,7 +53,7 @@ from .policies import make_policy, make_prefetcher
 from .policies.prefetch import PREFETCHERS, Prefetcher
 
 RETENTIONS = ("oled", "lru", "lfu", "static", "tide", "moe-infinity", "score", "phase", "previous-set",
-              "value", "mix", "horizon", "adaptive", "learned", "next-oracle", "belady", "belady-reuse", "lru-reuse", "foresight")
+              "adaptive", "learned", "next-oracle", "belady", "belady-reuse", "lru-reuse", "foresight")
 # oracles of the report's ladder: they read the trace's future
 REPLAY_ONLY_RETENTIONS = ("next-oracle", "belady", "belady-reuse", "lru-reuse", "foresight")
 ALLOCATIONS = ("uniform", "adaptive")

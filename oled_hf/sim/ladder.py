@@ -13,9 +13,8 @@ Per trace and cache size, one retention part after another under the same dispat
   retention; fair dispatch only);
 * ``previous-set`` (the previous access's set first, then recency), ``phase`` (LRU with block-start
   memory, ``offload/policies/phase.py``: the one signal of a block boundary alone), ``lru``, ``lfu``;
-* the long-horizon candidates, each at its own defaults: ``score`` (HybriMoE's gate-score EMA),
-  ``value`` (decayed frequency x token-load cost), ``mix`` (oled and value, LeCaR-style online
-  weights), ``horizon`` (LRU's ranking with a learned chance of reuse before eviction); and ``oled``.
+* ``score`` (HybriMoE's gate-score EMA), ``oled`` and ``learned`` (a next-use predictor learned online,
+  ``offload/policies/learned.py``), each at its own defaults.
 
 Two dispatches: the *strongest fair* one (the parts and tuned knobs of the report's strongest
 composed baseline, ``lru-full``: CPU compensation with reuse copies, layer-adaptive split; only the
@@ -41,11 +40,11 @@ from .report import HEADLINE_PCT, Run, md_table, slots_for
 
 FORESIGHT = (16, 4, 2)  # the foresight-K rungs: Belady within K accesses of each layer, LRU beyond
 RUNGS = ("belady-reuse", "belady", *(f"foresight-{k}" for k in FORESIGHT), "next-oracle", "lru-reuse", "previous-set",
-         "phase", "lru", "lfu", "score", "value", "mix", "horizon", "oled")
+         "phase", "lru", "lfu", "score", "oled", "learned")
 ORACLES = ("belady", "belady-reuse", "next-oracle", "lru-reuse", "foresight")
 # differ from belady and lru only in what the dispatcher admits: fair dispatch only
 ADMISSION_ONLY = ("belady-reuse", "lru-reuse")
-ONLINE = ("score", "value", "mix", "horizon", "oled")  # the rungs a live system can run
+ONLINE = ("score", "oled", "learned")  # the rungs a live system can run beyond lru, lfu and phase
 FAIR_BASE = "lru-full"  # the composed baseline whose dispatch and allocation every rung gets
 
 

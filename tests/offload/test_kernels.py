@@ -142,7 +142,8 @@ def test_plan_digests_hold_where_everything_runs_as_python():
     code = (
         "import json\n"
         "from oled_hf.offload import kernels\n"
-        "from tests.offload.test_plan_checksum import LEARNED_REFERENCE, REFERENCE, REUSE_REFERENCE, _trace, plan_digest\n"
+        "from tests.offload.test_plan_checksum import LEARNED_REFERENCE, REFERENCE, REUSE_REFERENCE, _trace\n"
+        "from tests.offload.test_plan_checksum import plan_digest\n"
         "assert not kernels.COMPILED\n"
         "cases = [('e64', 'oled', 6, 'auto'), ('e256', 'oled', 40, 'off'), ('e48k6', 'oled', 5, 'auto'),\n"
         "         ('e48k6', 'static', 5, 'off'), ('e256', 'lru', 40, 'auto')]\n"

@@ -49,7 +49,7 @@ def plan_digest(trace, policy, cache_size, cpu_compute, layer_adaptive=True, ole
     alone (its slow popularity term came later), hence ``oled_frequency_weight=0`` by default, and
     without OLED's reuse copies (planner rule 4, later too), hence ``oled_background_copies=0``.
     """
-    system = system if system is not None else system_for(policy, layer_adaptive)  # a composed system, or a legacy name's
+    system = system if system is not None else system_for(policy, layer_adaptive)  # composed, or a legacy name's
     config = OffloadConfig(cache_size=cache_size, system=system, cpu_compute=cpu_compute,
                            oled_frequency_weight=oled_frequency_weight,
                            oled_background_copies=oled_background_copies)

@@ -56,8 +56,7 @@ def test_report_writes_markdown_and_plots(tmp_path, capsys):
     ladder = md[md.index("## (i) Oracle ladder"):md.index("## (j) The optimum bracketed")]
     assert "### syn-b8-bs2" not in ladder  # batch-1 traces only
     for rung in ("| belady |", "| foresight-16 |", "| foresight-2 |", "| next-oracle |", "| previous-set |",
-                 "| phase |", "| lru |", "| lfu |", "| score |",
-                 "| value |", "| mix |", "| horizon |", "| oled |"):
+                 "| phase |", "| lru |", "| lfu |", "| score |", "| oled |", "| learned |"):
         assert ladder.count(rung) == 4, rung  # two traces x two dispatches
     for rung in ("| belady-reuse |", "| lru-reuse |"):
         assert ladder.count(rung) == 2, rung  # admission only: the fair dispatch's tables

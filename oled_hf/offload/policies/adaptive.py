@@ -49,7 +49,7 @@ import numpy as np
 
 from .base import CachePolicy, as_numpy, register
 
-CANDIDATES = ("oled", "lru", "lfu", "value", "score", "tide", "static", "moe-infinity")
+CANDIDATES = ("oled", "lru", "lfu", "score", "tide", "static", "moe-infinity")
 SCOPES = ("layer", "global")
 COSTS = ("misses", "time")
 SWITCH_COSTS = ("none", "transition")

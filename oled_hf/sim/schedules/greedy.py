@@ -3,8 +3,9 @@
 A schedule says, per layer access, which missed experts are copied to the GPU (the others run on
 the CPU) and which resident experts are evicted to make room; the cache holds at most
 ``total_slots`` experts over all layers (any split, as ``lp_bound`` assumes). It is timed by
-:class:`~oled_hf.sim.timeline.Timeline` exactly as ``replay`` times a plan with no prefetch and the
-planner time it is given per access (``planner_s``, default none; the report charges every system's): the non-expert part, demand copies issued at the plan on the one copy engine, the
+:class:`~oled_hf.sim.timeline.Timeline` exactly as ``replay`` times a plan with no prefetch and
+the planner time it is given per access (``planner_s``, default none; the report charges every system's):
+the non-expert part, demand copies issued at the plan on the one copy engine, the
 GPU experts in the order their weights are ready, the CPU batch concurrently (at the shared DRAM
 rate while the copy engine runs). So every schedule here is one the timeline's rules can run, and
 its time is an upper bound on the optimum of the model the LP relaxes.

@@ -8,8 +8,8 @@ from oled_hf.offload.costmodel import CostModel
 from oled_hf.offload.system import parse_system
 from oled_hf.sim.belady import request_sets
 from oled_hf.sim.bounds.lp import lp_bound
-from oled_hf.sim.ladder import rung_system
 from oled_hf.sim.demand import timed_forwards
+from oled_hf.sim.ladder import rung_system
 from oled_hf.sim.replay import replay
 from oled_hf.sim.schedules import offline_schedules
 from oled_hf.sim.synthetic import synthetic_trace
