@@ -12,27 +12,28 @@ confidence per workload instead of fixing their mix.
 The algorithm, per MoE layer (time ``t`` counts that layer's accesses, one per forward):
 
 * Features of expert ``e`` after access ``t`` (observed up to ``t`` only), each indexing one weight:
-  its age (accesses since its last use, bucketed: ``AGES``); its identity x age (a per-expert
-  recency curve: popularity); its uses in the last 8 accesses; OLED's confidence score
+  its identity x its age (accesses since its last use, bucketed: ``AGES``): a per-expert recency
+  curve, i.e. popularity; its uses in the last 8 accesses; OLED's confidence score
   (``policies/oled.py``: route stability x gate weight, decayed) as halvings below the layer's top
-  score (scale-free, no sort), alone and x age; the block phase the decoder's last event reports x age (no block / first
-  iteration / masked share > 1/2, > 1/4, > 0 / refresh); a bias. ``z_e`` = the sum of its weights, a
-  logit.
+  score (scale-free, no sort) x age; the block phase the decoder's last event reports x age (no
+  block / first iteration / masked share > 1/2, > 1/4, > 0 / refresh). ``z_e`` = the sum of its
+  weights, a logit. (Age, score and bias alone, as features of their own, changed nothing on the dev
+  traces and cost a third more.)
 * Label: 1 if ``e`` is used in any of the next ``horizon`` accesses of the layer. The features of
   the last ``horizon`` accesses wait in a ring; when an access leaves it, its labels are known (used
-  since it was made: the expert's last use is later) and one
-  AdaGrad step of the logistic loss (``rate`` over the root of each weight's summed squared
-  gradients) trains every weight it read. Weights start at zero (every expert equal; OLED's score,
-  then recency break ties) and follow what the workload shows: nothing is tuned per workload, and the
-  per-weight step shrinks where evidence accumulates (a fixed step either chases noise or lags a shift:
-  on the dev traces 0.05 was best on the deep toy and 0.01 on mini-like; AdaGrad's 0.3 beat both on each).
+  since it was made: the expert's last use is later) and one AdaGrad step of the logistic loss
+  (``rate`` over the root of each weight's summed squared gradients) trains every weight it read.
+  Weights start at zero (every expert equal; OLED's score, then recency break ties) and follow what
+  the workload shows: nothing is tuned per workload, and the per-weight step shrinks where evidence
+  accumulates (a fixed step either chases noise or lags a shift: on the dev traces 0.05 was best on
+  the deep toy and 0.01 on mini-like; AdaGrad's 0.3 beat both on each).
 * Priority: ``z`` (evict the lowest: the expert least likely to be back within the horizon), ties by
   OLED's score, then recency. Predicted reuse (the dispatcher's amortisation and the reuse copies of
   ``cpu+reuse``): ``p / (1 - p)`` of ``p = sigmoid(z)``, capped: the geometric run of ``p``-likely uses.
 
 Only what has been observed is read (no trace future), so the same object runs live and in replay;
-plans are deterministic (float64, fixed order). The update of one access is one compiled call
-(``_access``), the ranking another (``_rank``), plus OLED's own update for its score.
+plans are deterministic (float64, fixed order). An access is OLED's own update (for its score) and one
+compiled call (``_step``: history, training, features, ranking).
 """
 
 from __future__ import annotations
@@ -51,12 +52,12 @@ AGES = np.array([0, 1, 2, 3, 4, 6, 9, 17, 33], dtype=np.int64)  # age bucket edg
 N_AGE = AGES.shape[0] + 1
 N_SHORT = 9  # uses in the last 8 accesses: 0..8
 N_RANK = 12  # OLED's score: zero, then 1 + halvings below the layer's top score, capped at 10
-N_FEAT = 7  # weights read per expert: age, id x age, short, rank x age, phase x age, rank, bias
+N_FEAT = 4  # weights read per expert: identity x age, short, OLED score x age, phase x age
 
 
 def _offsets(num_experts: int) -> np.ndarray:
     """Where each feature's weights start in a layer's weight vector (and the vector's length, last)."""
-    sizes = [N_AGE, num_experts * N_AGE, N_SHORT, N_RANK * N_AGE, PHASES * N_AGE, N_RANK, 1]
+    sizes = [num_experts * N_AGE, N_SHORT, N_RANK * N_AGE, PHASES * N_AGE]
     return np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
 
 
@@ -89,19 +90,21 @@ def _features(t, phase, last, bits, score, offs, out):
             while sc < N_RANK - 1 and x <= top:
                 x *= 2.0
                 sc += 1
-        out[e, 0] = offs[0] + a
-        out[e, 1] = offs[1] + e * n_age + a
-        out[e, 2] = offs[2] + short
-        out[e, 3] = offs[3] + sc * n_age + a
-        out[e, 4] = offs[4] + phase * n_age + a
-        out[e, 5] = offs[5] + sc
-        out[e, 6] = offs[6]
+        out[e, 0] = offs[0] + e * n_age + a
+        out[e, 1] = offs[1] + short
+        out[e, 2] = offs[2] + sc * n_age + a
+        out[e, 3] = offs[3] + phase * n_age + a
 
 
 @jit
-def _access(counts, t, phase, last, bits, score, offs, w, g2, ring, ring_n, horizon, rate):
-    """One access of a layer: update the use history, train on the access that leaves the ring (its
-    label: used again since, which ``last`` now tells), and store this access's features in the ring."""
+def _step(layer, counts, t, phase, last_all, bits_all, score, offs, w_all, g2_all, ring_all, ring_n, horizon, rate,
+          prio_all, reuse_all, max_reuse):
+    """One access of ``layer``, everything in one call (each call costs ~0.15 us per argument, each view made
+    in Python ~0.2 us): update the use history; train on the access that leaves the ring (its label: used
+    again since, which the last use now tells), one AdaGrad logistic step on each weight it read; store this
+    access's features in the ring; rank every expert."""
+    last, bits, w, g2 = last_all[layer], bits_all[layer], w_all[layer], g2_all[layer]
+    ring = ring_all[layer]
     E = counts.shape[0]
     for e in range(E):
         used = counts[e] > 0
@@ -109,7 +112,7 @@ def _access(counts, t, phase, last, bits, score, offs, w, g2, ring, ring_n, hori
         if used:
             last[e] = t
     slot = t % horizon
-    if ring_n == horizon:  # the entry made at t - horizon: one AdaGrad logistic step per weight it read
+    if ring_n == horizon:
         t0 = t - horizon
         for e in range(E):
             z = 0.0
@@ -121,22 +124,19 @@ def _access(counts, t, phase, last, bits, score, offs, w, g2, ring, ring_n, hori
                 i = ring[slot, e, f]
                 g2[i] += g * g
                 w[i] += rate * g / math.sqrt(g2[i] + 1.0)
-    _features(t, phase, last, bits, score, offs, ring[slot])
-
-
-@jit
-def _rank(t, last, feats, w, score, prio, reuse, max_reuse):
-    """Priority (the logit; ties by OLED's score, then recency) and the predicted reuse ``p / (1 - p)``."""
+    feats = ring[slot]
+    _features(t, phase, last, bits, score, offs, feats)
     top = 0.0
-    for e in range(score.shape[0]):
+    for e in range(E):
         top = score[e] if score[e] > top else top
     scale = 1e-6 / top if top > 0 else 0.0
-    for e in range(last.shape[0]):
+    prio, reuse = prio_all[layer], reuse_all[layer]
+    for e in range(E):
         z = 0.0
         for f in range(N_FEAT):
             z += w[feats[e, f]]
         age = t - last[e] if last[e] >= 0 else t + 1
-        prio[e] = z + scale * score[e] - 1e-9 * age
+        prio[e] = z + scale * score[e] - 1e-9 * age  # ties by OLED's score, then recency
         r = math.exp(z) if z < 30.0 else max_reuse  # p / (1 - p) of p = sigmoid(z)
         reuse[e] = r if r < max_reuse else max_reuse
 
@@ -163,14 +163,12 @@ class LearnedPolicy(CachePolicy):
         self._offs = _offsets(E)
         self._w = np.zeros((L, int(self._offs[-1])))
         self._g2 = np.zeros((L, int(self._offs[-1])))  # AdaGrad: summed squared gradients per weight
-        self._t = np.zeros(L, dtype=np.int64)
-        self._n = np.zeros(L, dtype=np.int64)  # filled ring entries
+        self._t = [0] * L
         self._last = np.full((L, E), -1, dtype=np.int64)
         self._bits = np.zeros((L, E), dtype=np.uint64)  # use history, newest access in bit 0
         self._ring = np.zeros((L, H, E, N_FEAT), dtype=np.int64)
         self._prio = np.zeros((L, E))
         self._reuse = np.zeros((L, E))
-        self._fresh = np.zeros(L, dtype=bool)  # priority and reuse computed since the layer's last access
         self._phase = 0
 
     # ------------------------------------------------------------------ events
@@ -190,29 +188,19 @@ class LearnedPolicy(CachePolicy):
 
     # ------------------------------------------------------------------ routing
     def _update(self, layer: int, ids: np.ndarray, weights: Any, counts: np.ndarray, clock: int) -> None:
-        self._oled._update(layer, ids, weights, counts, clock)
-        t, n = int(self._t[layer]), int(self._n[layer])
-        _access(np.ascontiguousarray(counts, dtype=np.int64), t, self._phase, self._last[layer], self._bits[layer],
-                self._oled.priority_array(layer), self._offs, self._w[layer], self._g2[layer], self._ring[layer],
-                n, self.horizon, self.rate)
-        self._n[layer] = min(n + 1, self.horizon)
+        oled = self._oled
+        oled._update(layer, ids, weights, counts, clock)
+        t = self._t[layer]
         self._t[layer] = t + 1
-        self._fresh[layer] = False
-
-    def _compute(self, layer: int) -> None:
-        if not self._fresh[layer]:
-            t = int(self._t[layer]) - 1
-            _rank(t, self._last[layer], self._ring[layer, max(t, 0) % self.horizon], self._w[layer],
-                  self._oled.priority_array(layer), self._prio[layer], self._reuse[layer], MAX_REUSE)
-            self._fresh[layer] = True
+        _step(layer, counts if counts.dtype == np.int64 else counts.astype(np.int64), t, self._phase, self._last,
+              self._bits, oled.priority_array(layer), self._offs, self._w, self._g2, self._ring,
+              min(t, self.horizon), self.horizon, self.rate, self._prio, self._reuse, MAX_REUSE)
 
     # ------------------------------------------------------------------ ranking
     def priority_array(self, layer: int) -> np.ndarray:
-        self._compute(layer)
         return self._prio[layer]
 
     def reuse_array(self, layer: int) -> np.ndarray:
-        self._compute(layer)
         return self._reuse[layer]
 
     def reuse_of(self, layer: int, experts: np.ndarray) -> np.ndarray:
