@@ -78,15 +78,15 @@ def test_import_oled_hf_is_light_and_still_registers_the_auto_classes():
     assert proc.stdout.split() == [__import__("oled_hf").__version__, "OffloadConfig"]
 
 
-@pytest.mark.parametrize("first", ["oled_hf.modeling.events", "oled_hf.modeling.modeling_oled_llada2",
-                                   "oled_hf.offload.runtime", "transformers"])
+@pytest.mark.parametrize("first", ["transformers", "oled_hf.modeling.events", "oled_hf.offload.runtime"])
 def test_registration_waits_for_a_half_imported_model_module(first):
-    """A model module that imports torch/transformers itself: registering inside that import would import it
-    half-done."""
+    """Transformers imported before oled_hf: registered at once. A model module that imports torch/transformers
+    itself: registering inside that import would import it half-done (``events`` imports torch; ``runtime`` the
+    model's modules through the offload package), so it waits for the import to finish."""
     proc = run_python(f"""
         import importlib
-        import oled_hf
         importlib.import_module({first!r})
+        import oled_hf
         from transformers.models.auto.configuration_auto import CONFIG_MAPPING
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
         config = CONFIG_MAPPING["oled_llada2"]
