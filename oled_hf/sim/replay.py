@@ -363,6 +363,8 @@ def replay(
         raise ValueError(f"system {label!r} needs predicted routes for its {prefetcher.name!r} prefetcher: "
                          "record a version-2 trace (oled-moe trace record writes them)")
     measured = planner_s is None
+    # a stated planner time is a planner like oled's; a retention part that costs more says by how much
+    stated_plan_s = 0.0 if measured else float(planner_s) * ctrl.policy.host_cost_scale
     clock = time.perf_counter
     serial = host_timing is not None
     tl = HostTimeline(cm.copy_time(), demand_first=True, timing=host_timing) if serial else \
@@ -432,13 +434,15 @@ def replay(
         Charged on the host once the layer is issued (``after``: its plan and prefetch decision on
         the GPU timeline; None on the host timeline, in line): it delays the next layer only where
         it outlasts this layer's device work. A stated planner time charges ``SHADOW_PLAN_SCALE``
-        times ``planner_s`` per shadow plan.
+        times ``planner_s`` per shadow plan (``adaptive``), or the part's own ``deferred_cost_scale``
+        (``learned``: its training step).
         """
         t0 = clock()
         n = ctrl.run_shadows()
         if not n:
             return 0.0
-        sh = clock() - t0 if measured else n * SHADOW_PLAN_SCALE * float(planner_s)
+        scale = getattr(ctrl.policy, "deferred_cost_scale", SHADOW_PLAN_SCALE)  # per unit run_shadows counts
+        sh = clock() - t0 if measured else n * scale * float(planner_s)
         shadow_total[0] += sh
         tl.host(tl.host_free if after is None else after, sh)
         if shadows_in_line and after is not None:
@@ -471,7 +475,7 @@ def replay(
                 for _, _, ev in plan.copies:
                     book.evicted(l, ev)
                 slot_accesses += ctrl.capacities[l]
-                host = host if measured else float(planner_s)
+                host = host if measured else stated_plan_s
                 gpu_e = plan.hits + [c[0] for c in plan.copies]
                 start, plan_ready = tl.begin_layer(nonexpert, host)
                 if serial:

@@ -193,10 +193,10 @@ if __name__ == "__main__":  # print the reference table (run once, before changi
 LEARNED_CASES = [("e64", "learned+cpu+reuse+adaptive", 26, "auto"), ("e64", "learned+copy+uniform", 6, "off"),
                  ("e256", "learned+cpu+reuse+adaptive", 40, "auto"), ("e48k6", "learned+cpu+uniform", 5, "on")]
 LEARNED_REFERENCE = {
-    'e64-learned+cpu+reuse+adaptive-c26-auto': '90e7740da1592580',
-    'e64-learned+copy+uniform-c6-off': 'e35900a5f67fd270',
-    'e256-learned+cpu+reuse+adaptive-c40-auto': 'eda4d6c8adc5b770',
-    'e48k6-learned+cpu+uniform-c5-on': '6e9d979298da8a4a',
+    'e64-learned+cpu+reuse+adaptive-c26-auto': '07dea5e65c05b406',
+    'e64-learned+copy+uniform-c6-off': '291aff9e1d1f99c7',
+    'e256-learned+cpu+reuse+adaptive-c40-auto': '16984c3e454d2479',
+    'e48k6-learned+cpu+uniform-c5-on': 'cf39c195088c63be',
 }
 
 

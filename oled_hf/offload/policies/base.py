@@ -75,6 +75,9 @@ class CachePolicy(IterationObserver):
     usage_decay: float = 0.8
     tracks_usage: ClassVar[bool] = True  # False in policies that override reuse_array
     uses_weights: ClassVar[bool] = False  # True if _update reads the gate weights (callers may skip converting them)
+    # host time of an access against oled's, measured at LLaDA2.0-mini's shape (eval/planner_speed.py): replay
+    # with a stated planner time charges this part that time x this scale (1: as oled, or cheaper)
+    host_cost_scale: ClassVar[float] = 1.0
 
     def __init__(self, num_layers: int, num_experts: int, **knobs: Any) -> None:
         if knobs:
