@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 # legacy ``policy`` names; every retention rule, "score" (HybriMoE's) included, is named by ``system``
 KNOWN_POLICIES = ("lfu", "lru", "moe-infinity", "oled", "prefetch", "static", "tide")
-DEFAULT_POLICY = "oled"
+DEFAULT_POLICY = None  # the deprecated alias not given: the default system (system.DEFAULT_SYSTEM) runs
 STORE_MODES = ("auto", "mmap", "pinned")
 BUDGETS = ("cache_size", "cache_ratio", "max_gpu_memory")  # exactly one is given
 DEFAULT_EMULATED_LATENCY_US = 5.0  # the emulated link's per-copy latency when emulated_latency_us is None
@@ -67,7 +67,8 @@ class OffloadConfig:
     it changes only where misses are served, never the tokens. Off by default.
 
     ``system``: the system to run (``oled_hf/offload/system.py``), the one way to name it: a preset
-    (``"oled"``, the default when None; ``"lru-full"``, ``"mixtral-offloading"``, ...) or parts
+    (``"default"``, what None runs: the fastest system on the dev traces, learned retention with OLED-MoE's
+    dispatch and allocation; ``"oled"``, the paper's method; ``"lru-full"``, ``"mixtral-offloading"``, ...) or parts
     ``RETENTION[+PREFETCH][+DISPATCH][+ALLOCATION]`` (``"lru+cpu+reuse+adaptive"``). The live prefetch
     parts (``previous``, ``matrix``) run; the gate prefetchers (which read predicted routes) and the
     oracle retentions are refused: they run in replay only (``oled-moe trace replay --system``).
@@ -96,8 +97,8 @@ class OffloadConfig:
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     auto_batch_size: int = 1
     auto_context_length: int | None = None  # None: the model's max_position_embeddings
-    policy: str = DEFAULT_POLICY  # deprecated alias of system= (the retention part)
-    system: str | None = None  # "lru+cpu+reuse+adaptive" or a preset; None: "oled" (see the docstring)
+    policy: str | None = DEFAULT_POLICY  # deprecated alias of system= (the retention part)
+    system: str | None = None  # "lru+cpu+reuse+adaptive" or a preset; None: "default" (see the docstring)
     layer_adaptive: bool = True  # deprecated alias of system=...+uniform (the allocation part)
     cpu_compute: str = "auto"
     store: str = "auto"
@@ -138,7 +139,8 @@ class OffloadConfig:
         from .dispatch import CPU_COMPUTE_MODES
 
         self._check_budget()
-        self._check_choice("policy", KNOWN_POLICIES, "known policies")
+        if self.policy is not None:
+            self._check_choice("policy", KNOWN_POLICIES, "known policies")
         self._check_choice("cpu_compute", CPU_COMPUTE_MODES, "allowed")
         self._check_choice("store", STORE_MODES, "allowed")
         for name in ("layer_adaptive", "calibrate", "calibrate_online", "record_trace_overwrite"):
@@ -257,8 +259,8 @@ class OffloadConfig:
         system = parse_system(self.system)  # "system=... is invalid: ...; expected <grammar and presets>"
         if self.policy != DEFAULT_POLICY:
             raise ValueError(f"policy={self.policy!r} and system={self.system!r} are both given: the system names "
-                             f"the retention policy (its first part, here {system.retention!r}); leave policy at "
-                             f"its default ({DEFAULT_POLICY!r}) or give no system")
+                             f"the retention policy (its first part, here {system.retention!r}); give no policy "
+                             "(it is a deprecated alias) or no system")
         if system.prefetch in REPLAY_ONLY_PREFETCHERS:
             raise ValueError(f"system={self.system!r} is invalid for a live run: its prefetch part "
                              f"{system.prefetch!r} reads the next layer's predicted routes, which only a "

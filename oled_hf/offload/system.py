@@ -64,8 +64,13 @@ _CONFIG_POLICIES = ("lfu", "lru", "moe-infinity", "oled", "static", "tide")
 # the deprecated ``policy`` alias's names (config.KNOWN_POLICIES, which re-checks them: the config imports this module)
 LEGACY_POLICIES = ("lfu", "lru", "moe-infinity", "oled", "prefetch", "static", "tide")
 
+DEFAULT_SYSTEM = "default"  # what OffloadConfig() runs when no system (and no deprecated alias) names one
 SYSTEM_PRESETS: dict[str, str] = {
-    # the old policy names, as the report ran them
+    # the fastest system on the dev traces (eval/default_system.md): learned retention with oled's dispatch
+    # and allocation; OffloadConfig() with no system runs it, and this name always names it
+    "default": "learned+cpu+reuse+adaptive",
+    "default-uniform": "learned+cpu+reuse+uniform",  # what OffloadConfig(layer_adaptive=False) names
+    # the old policy names, as the report ran them; "oled" stays the paper's method
     "oled": "oled+cpu+reuse+adaptive",
     "lru": "lru+copy+uniform",
     "lfu": "lfu+copy+uniform",
@@ -88,7 +93,9 @@ SYSTEM_PRESETS: dict[str, str] = {
 # dispatcher charges CPU experts at the host-DRAM rate the copy engine leaves them (issue 36: 5-8 %
 # lower TPOT at 25-40 % with DRAM at 100 GB/s on the mini-like workload; at the H200 preset's 200 GB/s
 # the rate is exactly the unshared one, so its plans, and their checksums, do not change)
-PRESET_KNOBS: dict[str, dict[str, Any]] = {"oled": {"dispatch.shared_dram": True},
+PRESET_KNOBS: dict[str, dict[str, Any]] = {"default": {"dispatch.shared_dram": True},
+                                           "default-uniform": {"dispatch.shared_dram": True},
+                                           "oled": {"dispatch.shared_dram": True},
                                            "oled-uniform": {"dispatch.shared_dram": True}}
 
 
@@ -189,12 +196,14 @@ def parse_system(text: str) -> System:
     return System(**parts, knobs=dict(preset_knobs))
 
 
-def resolve_system(system: str | System | None = None, *, policy: str = "oled", cpu_compute: str = "auto",
+def resolve_system(system: str | System | None = None, *, policy: str | None = None, cpu_compute: str = "auto",
                    layer_adaptive: bool = True, reuse_copies: int = 2, reuse_min: float = 1.0) -> System:
-    """The one place a system is resolved from what names it: ``system``, else the legacy aliases.
+    """The one place a system is resolved from what names it: ``system``, else the legacy aliases, else the default.
 
     ``system``: a name (a preset or parts, :func:`parse_system`) or a :class:`System`; it is the
-    source of truth. None: the deprecated aliases name it, as the old ``OffloadConfig`` fields did:
+    source of truth. None and no ``policy``: the ``default`` preset (``DEFAULT_SYSTEM``), on the
+    allocation ``layer_adaptive`` names. None with ``policy``: the deprecated aliases name it, as the old
+    ``OffloadConfig`` fields did:
     ``policy`` the retention (``prefetch`` is lru with the gate prefetcher, ``moe-infinity`` has the
     activation-matrix prefetcher), a CPU dispatch unless ``cpu_compute="off"`` (``oled``'s with reuse
     copies and the oled preset's knobs), and ``layer_adaptive`` the allocation.
@@ -204,6 +213,8 @@ def resolve_system(system: str | System | None = None, *, policy: str = "oled", 
     ``reuse_min`` (``OffloadConfig.oled_background_copies``/``_min_reuse``) are the knobs of a
     ``cpu+reuse`` dispatch, recorded where not at their defaults; 0 copies is the dispatch ``cpu``.
     """
+    if system is None and policy is None:
+        system = parse_system(DEFAULT_SYSTEM if layer_adaptive else f"{DEFAULT_SYSTEM}-uniform")
     if system is None:
         if policy not in LEGACY_POLICIES:
             raise ValueError(f"policy={policy!r} is unknown; known policies: {', '.join(LEGACY_POLICIES)}")

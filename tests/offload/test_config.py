@@ -6,6 +6,7 @@ import math
 import pytest
 
 from oled_hf.offload.config import OffloadConfig
+from oled_hf.offload.system import parse_system
 from tests.systems import legacy_config
 
 
@@ -112,12 +113,13 @@ def test_system_names_a_live_system_and_round_trips():
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(system="lru+gpu"), r"^system='lru\+gpu' is invalid: unknown part 'gpu'; expected RETENTION\[\+PREFETCH\]"
-                             r".*DISPATCH one of copy, cpu, cpu\+reuse.*or a preset: oled, lru, .*lru-full, lfu-full$"),
+                             r".*DISPATCH one of copy, cpu, cpu\+reuse.*or a preset: default, default-uniform, oled, lru, "
+                             r".*lru-full, lfu-full$"),
     (dict(system=""), r"^system='' is invalid: expected RETENTION"),
     (dict(system=4), r"^system=4 is invalid: expected RETENTION"),
     (dict(system="cpu+lru"), r"^system='cpu\+lru' is invalid: the first part must be a retention policy"),
     (dict(system="lru", policy="lfu"), r"^policy='lfu' and system='lru' are both given: the system names the "
-                                       r"retention policy .*leave policy at its default \('oled'\) or give no system$"),
+                                       r"retention policy .*give no policy \(it is a deprecated alias\) or no system$"),
     (dict(system="promoe"), r"^system='promoe' is invalid for a live run: its prefetch part 'gate-capped' reads "
                             r"the next layer's predicted routes, which only a recorded trace holds \(oled-moe trace "
                             r"replay --system\); live prefetch parts: previous, matrix, e.g. "
@@ -134,7 +136,8 @@ def test_system_messages(kwargs, message):
                          "use system='lru+cpu+adaptive'"),
     (dict(policy="static", layer_adaptive=False), "OffloadConfig(policy='static', layer_adaptive=False) is "
                                                   "deprecated and will be removed: use system='static'"),
-    (dict(layer_adaptive=False), "use system='oled-uniform'"),
+    (dict(layer_adaptive=False), "use system='default-uniform'"),
+    (dict(policy="oled"), "use system='oled'"),  # the paper's method, no longer what None runs
     (dict(policy="prefetch"), "use system='lru+gate+cpu+adaptive' in replay (oled-moe trace replay --system; its "
                               "prefetch part 'gate' runs in replay only), system='lru+cpu+adaptive' for a live run"),
     (dict(system="lru", layer_adaptive=False), "the system 'lru' names the allocation; drop layer_adaptive"),
@@ -159,7 +162,8 @@ def test_one_path_warns_nothing():
                     OffloadConfig(cache_size=4, system="lru+cpu+uniform", cpu_compute="off",
                                   oled_background_copies=3)):
             assert OffloadConfig.from_json(cfg.to_json()) == cfg
-    assert OffloadConfig(cache_size=4).resolved_system().parts == "oled+none+cpu+reuse+adaptive"
+    assert OffloadConfig(cache_size=4).resolved_system() == parse_system("default")
+    assert parse_system("default").parts == "learned+none+cpu+reuse+adaptive"
 
 
 def test_from_dict_rejects_unknown_fields():
