@@ -23,11 +23,15 @@ $(STAMP): $(PY) pyproject.toml
 demo: $(STAMP)
 	$(PY) -m oled_hf.cli.main demo
 
+# The wheel check (.ci/wheel-check) runs beside pytest, on the core pytest leaves idle; its log follows.
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mkdocs build --strict --quiet --site-dir site
-	$(PY) -m pytest
-	PYTHON=$(PYTHON) TORCH="$(TORCH)" .ci/wheel-check
+	@mkdir -p build
+	PYTHON=$(PYTHON) TORCH="$(TORCH)" .ci/wheel-check > build/wheel-check.log 2>&1 & check=$$!; \
+	$(PY) -m pytest; tests=$$?; \
+	wait $$check; wheel=$$?; cat build/wheel-check.log; \
+	[ $$tests -eq 0 ] && [ $$wheel -eq 0 ]
 
 # the built wheel in a bare venv with only its declared dependencies (part of `make test`)
 wheel-check: $(STAMP)
