@@ -138,10 +138,18 @@ class EmulatedDevice(SyncDevice):
         link = self.link
         return link.late_s / link.blocking_waits if link.blocking_waits else 0.0
 
+    @property
+    def land_lag_s(self) -> float:
+        """Mean lateness of a wave's landing after its time on the link (the worker's wake-up and GIL wait),
+        whether or not anyone waited for it; 0 before any."""
+        link = self.link
+        return link.landed_late_s / link.landed_waves if link.landed_waves else 0.0
+
     def reset_counters(self) -> None:
         """Zero the wait counters (``reset_offload_stats``)."""
         with self.link.cv:
             self.link.blocking_waits, self.link.late_s = 0, 0.0
+            self.link.landed_late_s, self.link.landed_waves = 0.0, 0
 
     def copy_seconds(self, nbytes: int) -> float:
         return self.link.copy_seconds(nbytes)

@@ -90,8 +90,9 @@ class CopyLink:
         # charges per wait (``oled_hf.sim.timeline.HostTimeline``)
         self.blocking_waits = 0
         self.late_s = 0.0
-        # every copy: how late its bytes landed after its time on the link (the worker's own lag)
+        # every wave: how late its bytes landed after its last copy's time on the link (the worker's own lag)
         self.landed_late_s = 0.0
+        self.landed_waves = 0
 
     def copy_seconds(self, nbytes: int) -> float:
         return self.latency + nbytes / self.bandwidth
@@ -238,6 +239,7 @@ class CopyLink:
         for job in batch:
             self._land(job)
         self.landed_late_s += max(time.perf_counter() - batch[-1].lands, 0.0)
+        self.landed_waves += 1
 
     def _land(self, job: CopyJob) -> None:
         """The job's bytes land (its fill runs); a failure completes it as failed, for its waiter to see."""

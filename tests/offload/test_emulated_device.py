@@ -257,6 +257,9 @@ def test_back_to_back_copies_keep_the_links_pace():
     assert len(landed) == 30 and device.busy_s == pytest.approx(30 * 0.5e-3)
     assert 30 * 0.5e-3 <= elapsed < 30 * 0.5e-3 * 1.15 + 2e-3
     assert device.blocking_waits == 1 and device.wake_s >= 0
+    assert device.link.landed_waves == 30 and 0 <= device.land_lag_s < 0.5e-3 * 30  # one wave a copy here
+    device.reset_counters()
+    assert device.link.landed_waves == 0 and device.land_lag_s == 0 and device.blocking_waits == 0
     device.close()
 
 
