@@ -198,3 +198,35 @@ def test_a_dispatcher_without_a_system_makes_no_reuse_copies():
     assert not hasattr(Dispatcher, "bind_legacy")
     with pytest.raises(ValueError, match="reuse_copies=None is invalid: must be an integer >= 0"):
         Dispatcher(CM, "on", reuse_copies=None)
+
+
+def test_the_default_preset_is_what_no_system_runs():
+    """``default`` names the system ``OffloadConfig()`` runs (learned retention with oled's dispatch and
+    allocation); ``oled`` stays the paper's method; ``policy="oled"`` is an alias of ``system="oled"``."""
+    from oled_hf.offload.config import OffloadConfig
+    from oled_hf.offload.system import DEFAULT_SYSTEM, resolve_system
+
+    default = parse_system("default")
+    assert DEFAULT_SYSTEM == "default" and default.parts == "learned+none+cpu+reuse+adaptive"
+    assert resolve_system(None) == default == OffloadConfig(cache_size=4).resolved_system()
+    assert parse_system("oled").retention == "oled" and resolve_system(None, policy="oled") == parse_system("oled")
+    assert OffloadConfig(cache_size=4, cpu_compute="off").resolved_system().parts == "learned+none+copy+adaptive"
+
+
+def test_trace_replay_and_benchmark_take_the_default_preset(tiny_path, tmp_path, capsys):
+    import json
+
+    from oled_hf.cli.main import main
+    from oled_hf.sim.synthetic import synthetic_trace
+
+    t = synthetic_trace(num_layers=2, num_experts=16, top_k=2, block_length=8, num_blocks=2, seed=1)
+    path = tmp_path / "t.trace"
+    t.save(str(path))
+    assert main(["trace", "replay", str(path), "--cache-size", "4", "--system", "default", "oled"]) == 0
+    out = capsys.readouterr().out
+    assert "default" in out and "oled" in out
+    assert main(["benchmark", "--model", str(tiny_path), "--cache-size", "6", "--cpu-compute", "on", "--system",
+                 "default", "--json", "--max-new-tokens", "8", "--block-length", "8", "--runs", "1",
+                 "--warmup-runs", "0", "--prompt", "hi"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert rows[1]["system"] == "learned+none+cpu+reuse+adaptive" and rows[1]["same_tokens"]
