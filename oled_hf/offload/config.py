@@ -65,6 +65,9 @@ class OffloadConfig:
     ``calibrate_online``: a dispatch with CPU compute then corrects its copy and CPU costs during the
     run from measured times (the dispatch knob ``calibrate=1``, ``oled_hf/offload/online_calibration.py``):
     it changes only where misses are served, never the tokens. Off by default.
+    ``admission="priority"``: a miss the dispatch would copy takes a slot only if the retention part ranks it
+    above the resident it would evict; otherwise it runs on the CPU (the dispatch knob ``admission``,
+    ``oled_hf/offload/dispatch.py``; no effect where CPU compute is off). ``"all"`` (the default) admits every copy.
 
     ``system``: the system to run (``oled_hf/offload/system.py``), the one way to name it: a preset
     (``"default"``, what None runs: the fastest system on the dev traces, learned retention with OLED-MoE's
@@ -104,6 +107,7 @@ class OffloadConfig:
     store: str = "auto"
     calibrate: bool = True
     calibrate_online: bool = False  # the dispatcher corrects its belief from measured times (dispatch.calibrate=1)
+    admission: str = "all"  # "priority": a copy must outrank the resident it evicts (dispatch.admission)
     # cost-model overrides (None = measured at load, or the preset)
     h2d_bandwidth_gbps: float | None = None
     cpu_bandwidth_gbps: float | None = None
@@ -136,13 +140,14 @@ class OffloadConfig:
 
     def __post_init__(self) -> None:
         # here, not at the top: the command line reads KNOWN_POLICIES for its --help without numpy and numba
-        from .dispatch import CPU_COMPUTE_MODES
+        from .dispatch import ADMISSIONS, CPU_COMPUTE_MODES
 
         self._check_budget()
         if self.policy is not None:
             self._check_choice("policy", KNOWN_POLICIES, "known policies")
         self._check_choice("cpu_compute", CPU_COMPUTE_MODES, "allowed")
         self._check_choice("store", STORE_MODES, "allowed")
+        self._check_choice("admission", ADMISSIONS, "allowed")
         for name in ("layer_adaptive", "calibrate", "calibrate_online", "record_trace_overwrite"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} is invalid: must be True or False")
@@ -224,6 +229,8 @@ class OffloadConfig:
                                   reuse_min=float(self.oled_background_min_reuse))
         if self.calibrate_online and resolved.dispatch != "copy":  # a copy dispatch reads no cost
             resolved = resolved.with_knobs(dispatch__calibrate=1)
+        if self.admission != "all" and resolved.dispatch != "copy":  # every miss is copied there
+            resolved = resolved.with_knobs(dispatch__admission=self.admission)
         return resolved
 
     def _warn_aliases(self) -> None:

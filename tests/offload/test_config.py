@@ -278,3 +278,15 @@ def test_the_emulated_latency_defaults_to_five_microseconds():
     config = OffloadConfig(cache_size=4, device="emulated")
     assert config.emulated_latency_us is None and DEFAULT_EMULATED_LATENCY_US == 5.0
     assert OffloadConfig.from_json(config.to_json()) == config
+
+
+def test_admission_by_priority_is_a_config_field_of_a_cpu_dispatch():
+    """``admission="priority"`` reaches the dispatch part live (the dispatch knob); a copy dispatch copies every
+    miss anyway, so it is not added there; a bad value is one line naming the allowed ones."""
+    cfg = OffloadConfig(cache_size=4, system="lru-full", admission="priority")
+    assert cfg.resolved_system().knobs["dispatch.admission"] == "priority"
+    assert "dispatch.admission" not in cfg.resolved_system(cpu_compute="off").knobs
+    assert "dispatch.admission" not in OffloadConfig(cache_size=4).resolved_system().knobs
+    assert OffloadConfig.from_json(cfg.to_json()) == cfg
+    with pytest.raises(ValueError, match=r"^admission='maybe' is unknown; allowed: all, priority$"):
+        OffloadConfig(cache_size=4, admission="maybe")
