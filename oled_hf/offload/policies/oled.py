@@ -1,4 +1,4 @@
-"""OLED: confidence-guided expert retention for block-diffusion decoding (the default policy).
+"""OLED: confidence-guided expert retention for block-diffusion decoding (the OLED-MoE paper's).
 
 Why it works. Adjacent denoising iterations route almost the same experts, but not uniformly so:
 a token whose identity is settled (decoded earlier, committed now, or masked with a confident
