@@ -236,7 +236,7 @@ def demo(args: argparse.Namespace) -> int:
     resident = AutoModelForCausalLM.from_pretrained(path, **load).eval()
     load_tokenizer(path, model=resident)  # checks the pair once the model's vocabulary is known
     oled = AutoModelForCausalLM.from_pretrained(
-        path, offload_config=oled_hf.OffloadConfig(**budget, policy="oled"), **load).eval()
+        path, offload_config=oled_hf.OffloadConfig(**budget, system="oled"), **load).eval()
     stats = oled.offload_stats()
     # the very slots oled got (a budget sized from the device is sized once: a second sizing would see less free)
     same = oled_hf.OffloadConfig(cache_ratio=stats["total_slots"] / (len(stats["layers"]) * oled.config.num_experts),
