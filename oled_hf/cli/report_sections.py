@@ -150,8 +150,8 @@ def bracket_section(picked: list, traces: dict, costs: dict, planner, pct: float
              "of several offline schedules timed on replay's own timeline (`sim/schedules/best.py`: the greedy offline "
              "schedule of `sim/schedules/greedy.py`, the same with prefetches into idle copy time "
              "(`sim/schedules/search.py`), Belady's oracle retention under the strongest fair dispatch and under "
-             "pure caching; no planner time). The optimum lies between them; the width is what the relaxation "
-             "drops plus the schedules' myopia, not separated here. Then oled's time above the bound as a "
+             "pure caching; each charged the stated planner time per layer access, as every system is). The "
+             "optimum lies between them; the width is what the relaxation drops plus the schedules' myopia, not separated here. Then oled's time above the bound as a "
              "telescoping sum (`sim/decompose.py`: each cause removed on top of the previous ones, decisions from "
              "the same beliefs, so the shares add up to the gap; its docstring states the order). One trace per "
              "command: `eval/report/bracket.py TRACE --sizes 40 --window W --decompose`."]
@@ -176,7 +176,7 @@ def bracket_section(picked: list, traces: dict, costs: dict, planner, pct: float
             bound_s = max(bound_s, longer)
         print(f"[report] (j) offline schedules and decomposition on {info.label}", flush=True)
         fair = rp.resolve(spec[FAIR_BASE], info.tuned.get(FAIR_BASE), info.profile)
-        offline = offline_schedules(trace, cm, size, fair, info.warmup)
+        offline = offline_schedules(trace, cm, size, fair, info.warmup, planner_s=planner or 0.0)
         print(f"[report] (j) whole-trace dual bound on {info.label}", flush=True)
         dual = lower_bound("dual", trace, cm, size * trace.num_layers, info.warmup)
         rows.append([f"valid dual bound, whole trace ({dual.iterations} ascent steps)", f"{dual.time_s / full_s:.2f}",
