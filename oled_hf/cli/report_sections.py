@@ -151,7 +151,8 @@ def bracket_section(picked: list, traces: dict, costs: dict, planner, pct: float
              "schedule of `sim/schedules/greedy.py`, the same with prefetches into idle copy time "
              "(`sim/schedules/search.py`), Belady's oracle retention under the strongest fair dispatch and under "
              "pure caching; each charged the stated planner time per layer access, as every system is). The "
-             "optimum lies between them; the width is what the relaxation drops plus the schedules' myopia, not separated here. Then oled's time above the bound as a "
+             "optimum lies between them; the width is what the relaxation drops plus the schedules' myopia, not "
+             "separated here. Then oled's time above the bound as a "
              "telescoping sum (`sim/decompose.py`: each cause removed on top of the previous ones, decisions from "
              "the same beliefs, so the shares add up to the gap; its docstring states the order). One trace per "
              "command: `eval/report/bracket.py TRACE --sizes 40 --window W --decompose`."]
