@@ -68,7 +68,7 @@ def test_stats_with_offloading(tiny_path):
     lines = session.stats().splitlines()
     total = model.offload_stats()["total"]
     assert lines[0].startswith("last reply: 8 tokens")
-    assert lines[1] == ("expert cache since load: policy oled, 12 slots (4.0 per MoE layer) on cpu; CPU compute off "
+    assert lines[1] == ("expert cache since load: policy learned, 12 slots (4.0 per MoE layer) on cpu; CPU compute off "
                         "(auto: no accelerator, host and device are the same cores; every miss is copied)")
     assert lines[2:] == [f"  hit rate      {total['hit_rate']:.3f}  ({total['hits']} hits, {total['misses']} misses)",
                          f"  bytes copied  {total['bytes_copied'] / 2**20:.2f} MiB  ({total['evictions']} evictions)",
