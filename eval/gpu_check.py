@@ -47,7 +47,7 @@ from oled_hf.fileio import check_new_files, write_text_atomically
 
 STAGES = ("all", "build", "resident", "row", "report")
 ALL_CACHED = "all-cached"
-BUDGET = {"off": 1, "on": 2, ALL_CACHED: 0}  # host syncs per layer access (issue 66)
+BUDGET = {"off": 1, "on": 2, ALL_CACHED: 0}  # host syncs per layer access (docs/performance.md)
 MINI = dict(vocab_size=157184, hidden_size=2048, num_hidden_layers=20, num_attention_heads=16, num_key_value_heads=4,
             head_dim=128, rotary_dim=64, intermediate_size=5120, num_experts=256, num_experts_per_tok=8,
             moe_intermediate_size=512, n_group=8, topk_group=4, max_position_embeddings=32768)

@@ -66,7 +66,7 @@ def replay_measured(c: Any, trace_path: Path, warmup_sequences: int) -> dict[str
     scale = live_compute / at_load.compute_s if at_load.compute_s > 0 else 1.0
     # planning as this run measured it (plan, prefetch decision, events: the policy timer per layer
     # access): timed in the replay's own loop it came out 2-3x faster than in the run, where it shares
-    # the CPU and its caches with the model and the copy worker (issue 66 item 6)
+    # the CPU and its caches with the model and the copy worker
     result = run(scaled_compute(timing, scale), planner_s=executor_s["policy"] / layer_forwards)
     tokens = max(c.tokens, 1)
     sim = result.sim_time_s / tokens
