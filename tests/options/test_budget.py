@@ -166,7 +166,7 @@ def test_demo_sizes_the_cache_from_the_mocked_device(tiny_path, fake_cuda, monke
         assert main([*base, *argv]) == 2
         assert capsys.readouterr().err == "oled-moe demo: error: loaded\n"
     default, auto, utilization, memory, size = (kwargs["offload_config"] for kwargs in seen)
-    assert default.cache_ratio == 0.4 and default.max_gpu_memory is None and default.policy == "oled"
+    assert default.cache_ratio == 0.4 and default.max_gpu_memory is None and default.system == "oled"
     assert (auto.cache_ratio, auto.gpu_memory_utilization, auto.auto_context_length) == ("auto", 0.9, 100)
     assert (utilization.cache_ratio, utilization.gpu_memory_utilization) == ("auto", 0.85)
     assert auto.resolve_device_slots(TINY, 4, "cuda") == 94  # as chat's: one sequence of 100 tokens
