@@ -30,6 +30,12 @@ def hidden(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
 
 
+def interruptible() -> None:
+    """Ctrl-C reaches the child even where pytest itself runs in the background (``cmd &`` ignores SIGINT, and a
+    Python started with SIGINT ignored keeps ignoring it, as a user's ``nohup`` asks)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def wait_for_a_temporary_folder(folder: Path, proc: subprocess.Popen) -> None:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -44,7 +50,8 @@ def wait_for_a_temporary_folder(folder: Path, proc: subprocess.Popen) -> None:
 @pytest.mark.parametrize("sig, name", [(signal.SIGINT, "Ctrl-C"), (signal.SIGTERM, "SIGTERM")])
 def test_an_interrupted_make_tiny_leaves_nothing_and_says_so_in_one_line(tmp_path, sig, name):
     proc = subprocess.Popen([sys.executable, "-m", "oled_hf.cli.main", "make-tiny", str(tmp_path / "out"), *SLOW],
-                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=interruptible)
     wait_for_a_temporary_folder(tmp_path, proc)
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
