@@ -23,13 +23,15 @@ $(STAMP): $(PY) pyproject.toml
 demo: $(STAMP)
 	$(PY) -m oled_hf.cli.main demo
 
-# The wheel check (.ci/wheel-check) runs beside pytest, on the core pytest leaves idle; its log follows.
+# pytest runs in TEST_WORKERS processes (pytest-xdist; a module's tests stay in one worker, in order) and the
+# wheel check (.ci/wheel-check) beside them; its log follows. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mkdocs build --strict --quiet --site-dir site
 	@mkdir -p build
 	PYTHON=$(PYTHON) TORCH="$(TORCH)" .ci/wheel-check > build/wheel-check.log 2>&1 & check=$$!; \
-	$(PY) -m pytest; tests=$$?; \
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile; tests=$$?; \
 	wait $$check; wheel=$$?; cat build/wheel-check.log; \
 	[ $$tests -eq 0 ] && [ $$wheel -eq 0 ]
 
