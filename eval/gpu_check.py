@@ -106,7 +106,7 @@ def decode(model, ids_list, args) -> tuple[list[torch.Tensor], float]:
         sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
         sync()
         start = time.perf_counter()
-        out = model.generate(ids, max_new_tokens=args.gen_length, block_length=args.block_length, threshold=0.95)
+        out = model.generate(ids, max_new_tokens=args.max_new_tokens, block_length=args.block_length, threshold=0.95)
         sync()
         seconds += time.perf_counter() - start
         tokens += out.shape[1] - ids.shape[1]
@@ -322,7 +322,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace result files already in --out-dir")
     p.add_argument("--cache-sizes", type=int, nargs="+", default=[40, 100])
     p.add_argument("--policies", nargs="+", default=["oled", "lru"])
-    p.add_argument("--gen-length", type=int, default=32)
+    p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--block-length", type=int, default=32)
     p.add_argument("--prompts", type=int, default=1)
     return p

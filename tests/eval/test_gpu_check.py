@@ -11,7 +11,7 @@ from tests.eval_scripts import load_eval_script as _load
 @pytest.mark.parametrize("cpu_compute", ["auto", "on"])  # on: the rows run as auto resolves beside CUDA
 def test_gpu_check_reduced_on_cpu(tmp_path, capsys, cpu_compute):
     gpu_check = _load("gpu_check")
-    code = gpu_check.main(["--preset", "tiny", "--device", "cpu", "--cache-sizes", "4", "13", "--gen-length", "16",
+    code = gpu_check.main(["--preset", "tiny", "--device", "cpu", "--cache-sizes", "4", "13", "--max-new-tokens", "16",
                            "--block-length", "8", "--prompts", "1", "--out-dir", str(tmp_path),
                            "--cpu-compute", cpu_compute])
     out = capsys.readouterr().out
@@ -42,7 +42,7 @@ def test_a_failed_check_and_a_missing_stage_fail_the_report_loudly(tmp_path, cap
     """The all-cached row with CPU compute on (as the check once loaded it beside CUDA) leaves layers without every
     expert: its row fails, and a row whose stage never wrote its file fails the report too."""
     gpu_check = _load("gpu_check")
-    common = ["--preset", "tiny", "--device", "cpu", "--cache-sizes", "4", "--policies", "lru", "--gen-length", "8",
+    common = ["--preset", "tiny", "--device", "cpu", "--cache-sizes", "4", "--policies", "lru", "--max-new-tokens", "8",
               "--block-length", "8", "--out-dir", str(tmp_path)]
     assert gpu_check.main(["build", *common]) == 0 and gpu_check.main(["resident", *common]) == 0
     parse, config = gpu_check.parse_row, gpu_check.OffloadConfig
@@ -108,7 +108,7 @@ def test_gpu_check_failed_write_keeps_the_old_result(tiny_path, tmp_path, monkey
 
     monkeypatch.setattr(fileio, "_fsync", full_disk)
     with pytest.raises(OSError, match=f"could not write {tmp_path / 'resident.json'}: No space left on device"):
-        _load("gpu_check").main(["resident", "--model", str(tiny_path), "--device", "cpu", "--gen-length", "8",
+        _load("gpu_check").main(["resident", "--model", str(tiny_path), "--device", "cpu", "--max-new-tokens", "8",
                                  "--block-length", "8", "--out-dir", str(tmp_path), "--overwrite"])
     assert [p.name for p in tmp_path.iterdir()] == ["resident.json"]
     assert (tmp_path / "resident.json").read_text() == "old"

@@ -89,7 +89,7 @@ def test_replay_cli_times_as_mini(tiny_path, tmp_path, capsys):
     path = tmp_path / "s.trace"
     synthetic_trace(num_layers=3, num_experts=16, top_k=2, block_length=4, num_blocks=2).save(str(path))
     assert main(["trace", "replay", str(path), "--cache-size", "4", "--as-model", "llada2.0-mini",
-                 "--gpu-launch-us", "8", "--planner-us", "20", "--policy", "lru", "prefetch"]) == 0
+                 "--gpu-launch-us", "8", "--planner-us", "20", "--system", "lru", "prefetch"]) == 0
     out = capsys.readouterr().out
     assert "6.00 MiB experts" in out and "grouped GPU kernel" in out and "planner 20 us/access" in out
     assert "prefetch" in out and "full (fused MoE)" in out and "full (per-expert loop)" in out
