@@ -182,14 +182,7 @@ def test_oled_reuse_copy_plans_match_reference(case):
     assert got != plan_digest(_trace(t), "oled", c, cpu)  # the rule changes decisions on every case
 
 
-if __name__ == "__main__":  # print the reference table (run once, before changing the planner)
-    torch.set_num_threads(1)
-    for case in CASES:
-        t, p, c, cpu, la = case
-        print(f"    {_id(case)!r}: {plan_digest(_trace(t), p, c, cpu, la)!r},")
-
-
-# the learned retention part (issue 65): its decisions pinned when it was introduced
+# the learned retention part: its decisions pinned when it was introduced
 LEARNED_CASES = [("e64", "learned+cpu+reuse+adaptive", 26, "auto"), ("e64", "learned+copy+uniform", 6, "off"),
                  ("e256", "learned+cpu+reuse+adaptive", 40, "auto"), ("e48k6", "learned+cpu+uniform", 5, "on")]
 LEARNED_REFERENCE = {
@@ -204,3 +197,10 @@ LEARNED_REFERENCE = {
 def test_learned_plans_match_reference(case):
     t, system, c, cpu = case
     assert plan_digest(_trace(t), "learned", c, cpu, system=system) == LEARNED_REFERENCE[f"{t}-{system}-c{c}-{cpu}"]
+
+
+if __name__ == "__main__":  # print the reference table (run once, before changing the planner)
+    torch.set_num_threads(1)
+    for case in CASES:
+        t, p, c, cpu, la = case
+        print(f"    {_id(case)!r}: {plan_digest(_trace(t), p, c, cpu, la)!r},")
