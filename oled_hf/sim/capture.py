@@ -1,4 +1,4 @@
-"""How much of the Belady rung's headroom a system captures: the learned-retention table (issue 65).
+"""How much of the Belady rung's headroom a system captures: the learned-retention table.
 
 Per held-out trace and cache size the table puts side by side: the system under test, the fixed
 compositions (every report system but it), the Belady rung (Belady's retention, which knows the whole
