@@ -44,6 +44,7 @@ from oled_hf import OffloadConfig
 from oled_hf.checkpoints.presets import preset_config_kwargs
 from oled_hf.checkpoints.streaming import write_random_checkpoint
 from oled_hf.fileio import check_new_files, write_text_atomically
+from oled_hf.progress import quiet_library_bars
 
 STAGES = ("all", "build", "resident", "row", "report")
 ALL_CACHED = "all-cached"
@@ -331,6 +332,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     p = parser()
     args = p.parse_args(argv)
+    quiet_library_bars()  # the stages' output goes to logs: no "Loading weights" bar per row
     if args.list_rows:
         print("\n".join(row_specs(args)))
         return 0
