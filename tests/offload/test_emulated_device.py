@@ -249,17 +249,20 @@ def test_back_to_back_copies_keep_the_links_pace():
     """A copy starts on the link's schedule, not when the worker woke up: sleeps overshoot by tens of us
     each, and charged to the next copy they slowed 30 back-to-back copies to about half the bandwidth."""
     device = EmulatedDevice(bandwidth=1e6 / 0.5e-3, latency=0.0)  # 1 MB in 0.5 ms
-    landed = []
-    start = time.perf_counter()
-    events = [device.copy([0], [lambda _: landed.append(1)], 1_000_000) for _ in range(30)]
-    events[-1].synchronize()
-    elapsed = time.perf_counter() - start
-    assert len(landed) == 30 and device.busy_s == pytest.approx(30 * 0.5e-3)
-    assert 30 * 0.5e-3 <= elapsed < 30 * 0.5e-3 * 1.15 + 2e-3
-    assert device.blocking_waits == 1 and device.wake_s >= 0
-    assert device.link.landed_waves == 30 and 0 <= device.land_lag_s < 0.5e-3 * 30  # one wave a copy here
-    device.reset_counters()
-    assert device.link.landed_waves == 0 and device.land_lag_s == 0 and device.blocking_waits == 0
+    elapsed = []  # the fastest of three rounds: a busy host (CI runs tests two at a time) delays a round, a
+    for _ in range(3):  # worker that charges its oversleep to the next copy delays every one
+        landed, busy = [], device.busy_s
+        start = time.perf_counter()
+        events = [device.copy([0], [lambda _, landed=landed: landed.append(1)], 1_000_000) for _ in range(30)]
+        events[-1].synchronize()
+        elapsed.append(time.perf_counter() - start)
+        assert len(landed) == 30 and device.busy_s - busy == pytest.approx(30 * 0.5e-3)
+        assert 30 * 0.5e-3 <= elapsed[-1]
+        assert device.blocking_waits == 1 and device.wake_s >= 0
+        assert device.link.landed_waves == 30 and 0 <= device.land_lag_s < 0.5e-3 * 30  # one wave a copy here
+        device.reset_counters()
+        assert device.link.landed_waves == 0 and device.land_lag_s == 0 and device.blocking_waits == 0
+    assert min(elapsed) < 30 * 0.5e-3 * 1.15 + 2e-3, elapsed
     device.close()
 
 
