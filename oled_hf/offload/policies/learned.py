@@ -76,14 +76,11 @@ POPCOUNT8 = np.array([bin(b).count("1") for b in range(256)], dtype=np.int64)
 
 
 @jit
-def _features(t, phase, last, bits, score, offs, out):
-    """The weight indices each expert reads after access ``t`` (``out[e, :N_FEAT]``)."""
+def _features(t, phase, last, bits, score, top, offs, out):
+    """The weight indices each expert reads after access ``t`` (``out[e, :N_FEAT]``); ``top`` = max(score, 0)."""
     n_age = AGES.shape[0] + 1
     top_age = AGE_OF.shape[0] - 1
     E = last.shape[0]
-    top = 0.0
-    for e in range(E):
-        top = score[e] if score[e] > top else top
     for e in range(E):
         if last[e] < 0:
             a = n_age - 1
@@ -118,11 +115,11 @@ def _observe(layer, counts, t, phase, last_all, bits_all, score, offs, w_all, ri
         bits[e] = (bits[e] << np.uint64(1)) | np.uint64(1 if used else 0)
         if used:
             last[e] = t
-    feats = ring[t % ring.shape[0]]
-    _features(t, phase, last, bits, score, offs, feats)
     top = 0.0
     for e in range(E):
         top = score[e] if score[e] > top else top
+    feats = ring[t % ring.shape[0]]
+    _features(t, phase, last, bits, score, top, offs, feats)
     scale = 1e-6 / top if top > 0 else 0.0
     prio, reuse = prio_all[layer], reuse_all[layer]
     for e in range(E):
@@ -166,10 +163,10 @@ class LearnedPolicy(CachePolicy):
 
     name = "learned"
     tracks_usage = False
-    # host time over oled's at LLaDA2.0-mini's shape (eval/planner_speed.py --only mini --mini-percent 25 40): the
-    # critical path of an access (``plan``: OLED's update, the history, features and ranking, the plan) 1.29-1.68x
-    # oled's, and the deferred training (``shadow``) 0.17-0.25 of oled's whole access, on a busy core; replay
-    # charges a stated planner time scaled by the upper end of each
+    # host time over oled's at LLaDA2.0-mini's shape (eval/planner_speed.py --only mini --mini-percent 25 40, an
+    # idle core): the critical path of an access (``plan``: OLED's update, the history, features and ranking, the
+    # plan) 1.43-1.65x oled's, and the deferred training (``shadow``) 0.28-0.30 of oled's plan; replay charges a
+    # stated planner time scaled by about the upper end of each
     host_cost_scale = 1.6
     deferred_cost_scale = 0.3
     uses_weights = True  # OLED's score, one of the features, reads the gate weights
@@ -246,9 +243,6 @@ class LearnedPolicy(CachePolicy):
 
     def reuse_array(self, layer: int) -> np.ndarray:
         return self._reuse[layer]
-
-    def reuse_of(self, layer: int, experts: np.ndarray) -> np.ndarray:
-        return self.reuse_array(layer)[experts]
 
     def probability(self, layer: int) -> np.ndarray:
         """P(each expert of ``layer`` is used within the next ``horizon`` accesses), as predicted now (a copy)."""
