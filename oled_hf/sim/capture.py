@@ -39,8 +39,8 @@ class CaptureCell:
 
     @property
     def best_fixed(self) -> tuple[str, float]:
-        name = min(self.fixed, key=lambda k: (self.fixed[k], k))
-        return name, self.fixed[name]
+        seconds, name = min((v, k) for k, v in self.fixed.items())
+        return name, seconds
 
     @property
     def share(self) -> float | None:
@@ -87,7 +87,7 @@ def ratio_table(cells: list[CaptureCell], systems: list[str], pcts: list[float])
 
 @dataclass(frozen=True)
 class Targets:
-    """Issue 65's targets for the system under test, checked per trace."""
+    """The learned-retention targets for the system under test, checked per trace."""
 
     over_oled_40: float = 1.10
     over_oled_25: float = 1.05
